@@ -1,0 +1,492 @@
+"""The engine: one background thread that owns all communication.
+
+Callers submit named collectives from any thread and get a Handle. Every cycle
+(HOROVOD_CYCLE_TIME) the thread
+1. takes what was submitted since the last cycle;
+2. agrees with the other ranks which tensors are ready everywhere (negotiation.py): one
+   bitwise-AND allreduce for tensors seen before, a coordinator round for anything else;
+3. runs the agreed collectives in one order on every rank, fusing allreduces (fusion.py)
+   and handing the bytes to the backend of the buffers' device (mpi_backend.py).
+"""
+
+import collections
+import itertools
+import logging
+import math
+import sys
+import threading
+import time
+import traceback
+
+import numpy as np
+
+from .exceptions import HorovodInternalError, TensorMismatchError
+from .mpi_backend import REDUCIBLE_DTYPES, MpiBackend
+from .negotiation import CACHEABLE_KINDS, Coordinator, ResponseCache
+from .requests import REDUCING_KINDS, Entry, Handle, Kind, ReduceOp, Request, numpy_dtype
+from .timeline import Timeline
+from .topology import discover
+
+log = logging.getLogger("hvdtrain.core")
+
+_WANTS_ROUND, _JOINED, _SHUTDOWN = 1, 2, 4
+_FLAG_MASK = 7
+
+SHUT_DOWN_MESSAGE = (
+    "Horovod has been shut down. This was caused by a rank calling shutdown() or exiting, an "
+    "exception on one of the ranks, or an attempt to run a collective after one of the ranks "
+    "finished execution."
+)
+
+
+def _set_bits(bits):
+    while bits:
+        low = bits & -bits
+        yield low.bit_length() - 1
+        bits ^= low
+
+
+class Engine:
+    def __init__(self, comm, settings):
+        self.settings = settings
+        self.topology, self._world, self._local, self._cross = discover(comm)
+        self.rank, self.size = self.topology.rank, self.topology.size
+        self._backends = {"cpu": MpiBackend(self._world, settings)}
+        self._cache = ResponseCache(settings.cache_capacity)
+        self._coordinator = Coordinator(self.size, settings) if self.rank == 0 else None
+        self._timeline = None
+        if settings.timeline_path:
+            self.start_timeline(settings.timeline_path, settings.timeline_mark_cycles)
+
+        self._lock = threading.Lock()
+        self._submitted = collections.deque()
+        self._in_flight = set()
+        self._unnamed = collections.Counter()
+        self._pending = {}  # name -> Entry; touched only by the engine thread
+        self._join_entry = None
+        self._stop_requested = False
+        self._stopped_error = None
+
+        self._thread = threading.Thread(target=self._run, name="hvdtrain-engine", daemon=True)
+        self._thread.start()
+
+    # ---------------------------------------------------------------- submission (any thread)
+
+    def auto_name(self, kind):
+        with self._lock:
+            self._unnamed[kind] += 1
+            return f"{kind.value}.noname.{self._unnamed[kind]}"
+
+    def submit(self, kind, array=None, *, name=None, output=None, op=ReduceOp.SUM, prescale=1.0,
+               postscale=1.0, root=0, splits=None, bucket=None) -> Handle:
+        """Queue one collective on host (NumPy) buffers. `output` None means: the engine
+        allocates the result (allgather, alltoall, reducescatter) or writes into `array`
+        (allreduce, broadcast). `output is array` is an in-place operation."""
+        entry = self._prepare(kind, array, name, output, op, prescale, postscale, root, splits, bucket)
+        self._enqueue([entry])
+        return entry.handle
+
+    def submit_group(self, kind, arrays, *, name=None, outputs=None, **options):
+        """Queue several collectives at once, so that they are negotiated in one cycle and
+        fused together where their dtypes allow."""
+        base = self.auto_name(kind) if name is None else name
+        outputs = [None] * len(arrays) if outputs is None else outputs
+        entries = [self._prepare(kind, array, f"{base}_{i}", output, **options)
+                   for i, (array, output) in enumerate(zip(arrays, outputs))]
+        self._enqueue(entries)
+        return [entry.handle for entry in entries]
+
+    def _prepare(self, kind, array, name, output, op=ReduceOp.SUM, prescale=1.0, postscale=1.0, root=0,
+                 splits=None, bucket=None):
+        if name is None:
+            name = self.auto_name(kind)
+        request = self._validate(kind, name, array, output, op, prescale, postscale, root, splits, bucket)
+        if kind in (Kind.ALLREDUCE, Kind.BROADCAST) and output is None:
+            output = array
+        return Entry(request, Handle(name), array, output,
+                     None if splits is None else np.asarray(splits, np.int64),
+                     None if bucket is None else bucket[1])
+
+    def _enqueue(self, entries):
+        with self._lock:
+            if self._stopped_error is not None:
+                raise HorovodInternalError(self._stopped_error)
+            names = [e.name for e in entries if e.request.kind != Kind.JOIN]
+            seen = set()
+            for name in names:
+                if name in self._in_flight or name in seen:
+                    raise ValueError(
+                        f"a collective named '{name}' is already in flight on rank {self.rank}; "
+                        "names of operations in flight must be unique"
+                    )
+                seen.add(name)
+            if len(names) < len(entries) and (
+                self._join_entry is not None or any(e.request.kind == Kind.JOIN for e in self._submitted)
+            ):
+                raise ValueError(f"rank {self.rank} called join() while its previous join() is in flight")
+            self._in_flight.update(names)
+            self._submitted.extend(entries)
+
+    def _validate(self, kind, name, array, output, op, prescale, postscale, root, splits, bucket):
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"collective name must be a non-empty string, got {name!r}")
+        if kind in (Kind.BARRIER, Kind.JOIN):
+            return Request(name, kind)
+        if not isinstance(array, np.ndarray):
+            raise TypeError(f"collective '{name}': expected a NumPy array, got {type(array).__name__}")
+        if not array.flags.c_contiguous:
+            raise ValueError(f"collective '{name}': the tensor must be contiguous")
+        if output is not None and output is not array and (
+            not output.flags.c_contiguous or output.shape != array.shape or output.dtype != array.dtype
+        ):
+            raise ValueError(
+                f"collective '{name}': output must be a contiguous array of shape {array.shape} and dtype "
+                f"{array.dtype}, got shape {output.shape} and dtype {output.dtype}"
+            )
+        dtype = array.dtype.name
+        op = ReduceOp(op)
+        if kind in REDUCING_KINDS:
+            if op == ReduceOp.ADASUM:
+                raise NotImplementedError(f"collective '{name}': op Adasum is not supported by hvdtrain")
+            if dtype not in REDUCIBLE_DTYPES:
+                raise TypeError(
+                    f"collective '{name}': cannot reduce dtype {dtype}; reducible dtypes are "
+                    f"{sorted(REDUCIBLE_DTYPES)}"
+                )
+            if not (math.isfinite(prescale) and math.isfinite(postscale)):
+                raise ValueError(
+                    f"collective '{name}': prescale_factor and postscale_factor must be finite, "
+                    f"got {prescale} and {postscale}"
+                )
+        if kind == Kind.BROADCAST and not 0 <= root < self.size:
+            raise ValueError(f"broadcast '{name}': root_rank {root} is not a rank of this job (size {self.size})")
+        if kind in (Kind.ALLGATHER, Kind.ALLTOALL, Kind.REDUCESCATTER) and array.ndim == 0:
+            raise ValueError(f"{kind.value} '{name}': the tensor needs at least one dimension")
+        if kind == Kind.ALLTOALL:
+            splits = np.asarray(splits, np.int64)
+            if splits.shape != (self.size,) or (splits < 0).any() or splits.sum() != array.shape[0]:
+                raise ValueError(
+                    f"alltoall '{name}': splits must be {self.size} non-negative row counts summing to "
+                    f"the first dimension {array.shape[0]}, got {splits.tolist()}"
+                )
+        bucket_name, offset = "", -1
+        if bucket is not None:
+            bucket_name, offset = bucket[0], _offset_in_bucket(name, array, output, bucket[1])
+        return Request(name, kind, dtype, array.shape, op, float(prescale), float(postscale), int(root), "cpu",
+                       bucket_name, offset)
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def shutdown(self):
+        self._stop_requested = True
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+        self.stop_timeline()
+
+    @property
+    def alive(self):
+        return self._thread.is_alive()
+
+    def start_timeline(self, path, mark_cycles=False):
+        if self.rank != 0:
+            return
+        old, self._timeline = self._timeline, Timeline(path, mark_cycles)
+        if old is not None:
+            old.close()
+
+    def stop_timeline(self):
+        timeline, self._timeline = self._timeline, None
+        if timeline is not None:
+            timeline.close()
+
+    # ---------------------------------------------------------------- the engine thread
+
+    def _run(self):
+        try:
+            while True:
+                started = time.perf_counter()
+                if not self._cycle():
+                    return
+                remaining = self.settings.cycle_time_s - (time.perf_counter() - started)
+                if remaining > 0:
+                    time.sleep(remaining)
+        except Exception as exc:  # a bug or a transport failure: never leave peers hanging
+            message = f"hvdtrain engine failed on rank {self.rank}: {exc!r}"
+            self._stop(message)
+            print(f"{message}\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+            if self.size > 1:
+                self._world.Abort(1)
+
+    def _cycle(self):
+        """One negotiation and execution round; False once the engine has stopped."""
+        timeline = self._timeline
+        if timeline is not None:
+            timeline.cycle_start(time.perf_counter())
+        while self._submitted:
+            entry = self._submitted.popleft()
+            if entry.request.kind == Kind.JOIN:
+                self._join_entry = entry
+            else:
+                self._pending[entry.name] = entry
+
+        hits, uncached = self._classify()
+        flags = 0
+        if uncached or (self._join_entry is not None and not self._join_entry.sent_to_coordinator) or (
+            self._coordinator is not None and self._coordinator.stall_check_due()
+        ):
+            flags |= _WANTS_ROUND
+        if self._join_entry is not None:
+            flags |= _JOINED
+        if self._stop_requested:
+            flags |= _SHUTDOWN
+        ready_hits, flags = self._exchange(hits, flags)
+        if flags & _SHUTDOWN:
+            self._stop(SHUT_DOWN_MESSAGE)
+            return False
+
+        ready_at = time.perf_counter()
+        if ready_hits:
+            cache = self._cache
+            self._execute([cache.by_id(i).response for i in _set_bits(ready_hits)], ready_at, cacheable=True)
+
+        if flags & (_WANTS_ROUND | _JOINED):
+            some_rank_joined = bool(flags & _JOINED)
+            to_send = [e for e in self._pending.values() if not e.sent_to_coordinator]
+            if not some_rank_joined:
+                uncached_names = {e.name for e in uncached}
+                to_send = [e for e in to_send if e.name in uncached_names]
+            if self._join_entry is not None and not self._join_entry.sent_to_coordinator:
+                to_send.append(self._join_entry)
+            for entry in to_send:
+                entry.sent_to_coordinator = True
+            result = self._coordinator_round([(e.request, e.age()) for e in to_send])
+            for name in result.evictions:
+                self._cache.evict(name)
+            if result.shutdown_message:
+                self._stop(result.shutdown_message)
+                return False
+            self._execute(result.responses, time.perf_counter(), cacheable=not some_rank_joined)
+        return True
+
+    def _classify(self):
+        """Bits of the cached responses this rank has ready, and the entries the coordinator
+        must see: new names, changed requests, and cached ones that have waited too long
+        (so that the stall inspector can name the ranks missing them)."""
+        cache = self._cache
+        stale_after = self.settings.stall_check_time_s if self.settings.stall_check_enabled else float("inf")
+        hits = 0
+        uncached = []
+        for entry in self._pending.values():
+            if entry.sent_to_coordinator:
+                continue
+            cached = cache.get(entry.name)
+            if cached is not None and cached.request == entry.request and entry.age() < stale_after:
+                hits |= 1 << cached.id
+            else:
+                uncached.append(entry)
+        return hits, uncached
+
+    def _exchange(self, hits, flags):
+        """AND the hit bits of all ranks; OR their flags (sent inverted, so AND gives OR)."""
+        if self.size == 1:
+            return hits, flags
+        words = (self._cache.id_limit + 63) // 64
+        vector = np.empty(words + 1, np.uint64)
+        if words:
+            vector[:words] = np.frombuffer(hits.to_bytes(words * 8, "little"), np.uint64)
+        vector[words] = ~flags & _FLAG_MASK
+        from mpi4py import MPI
+
+        request = self._world.Iallreduce(MPI.IN_PLACE, vector, MPI.BAND)
+        # Wait without spinning: ranks share cores with their training threads.
+        delay = 2e-5
+        while not request.Test():
+            time.sleep(delay)
+            delay = min(delay * 2, 5e-4)
+        ready = int.from_bytes(vector[:words].tobytes(), "little") if words else 0
+        return ready, ~int(vector[words]) & _FLAG_MASK
+
+    def _coordinator_round(self, to_send):
+        gathered = self._world.gather(to_send, root=0)
+        result = None
+        if self._coordinator is not None:
+            result = self._coordinator.run_round(gathered, self._cache.__contains__)
+        return self._world.bcast(result, root=0)
+
+    # ---------------------------------------------------------------- execution
+
+    def _execute(self, responses, ready_at, cacheable):
+        """Run agreed responses in their order, fusing compatible allreduces."""
+        threshold = self.settings.fusion_threshold_bytes
+        batches = {}  # fusion key -> (responses, bytes), in order of first appearance
+        for response in responses:
+            if response.error is not None:
+                self._fail_response(response)
+                continue
+            if response.kind == Kind.JOIN:
+                self._finish_join(response)
+                continue
+            request = response.request
+            if cacheable and response.kind in CACHEABLE_KINDS:
+                local = self._pending.get(response.name)
+                self._cache.put(request if local is None else local.request, response)
+            if response.kind != Kind.ALLREDUCE:
+                self._run_single(response, ready_at)
+            else:
+                key = (request.dtype, request.op, request.prescale, request.postscale, request.device)
+                batch, nbytes = batches.get(key, ([], 0))
+                if batch and (threshold == 0 or nbytes + request.nbytes > threshold):
+                    self._run_allreduces(batch, ready_at)
+                    batch, nbytes = [], 0
+                batch.append(response)
+                batches[key] = (batch, nbytes + request.nbytes)
+        for batch, _ in batches.values():
+            if batch:
+                self._run_allreduces(batch, ready_at)
+
+    def _local_entry(self, response):
+        entry = self._pending.get(response.name)
+        if entry is None and self._join_entry is None:
+            raise HorovodInternalError(f"rank {self.rank} was asked to run '{response.name}', which it never submitted")
+        return entry
+
+    def _run_allreduces(self, responses, ready_at):
+        """Run one fused batch. Tensors of one bucket that lie next to each other form one
+        region; the regions are built from the agreed requests alone, so that every rank
+        (a joined one too, which reduces zeros) makes the same transport calls."""
+        request = responses[0].request
+        entries = [self._local_entry(response) for response in responses]
+        groups = _regions([response.request for response in responses])
+        sources, destinations = [], []
+        for group in groups:
+            first, last = responses[group[0]].request, responses[group[-1]].request
+            entry = entries[group[0]]
+            if entry is None:  # this rank has joined: it contributes zeros
+                elements = sum(math.prod(responses[i].request.shape) for i in group)
+                zeros = np.zeros(elements, numpy_dtype(first.dtype))
+                sources.append(zeros)
+                destinations.append(zeros)
+            elif first.bucket:
+                end = last.offset + math.prod(last.shape)
+                region = entry.bucket[first.offset:end]
+                sources.append(region)
+                destinations.append(region)
+            else:
+                source = entry.array.reshape(-1)
+                sources.append(source)
+                destinations.append(source if entry.output is entry.array else entry.output.reshape(-1))
+        postscale = request.postscale / self.size if request.op == ReduceOp.AVERAGE else request.postscale
+        timeline = self._timeline
+        record = None
+        started = time.perf_counter()
+        if timeline is not None:
+            def record(phase, start, end, group_indices):
+                for g in group_indices:
+                    for i in groups[g]:
+                        if entries[i] is not None:
+                            timeline.span(entries[i].name, phase, start, end)
+
+        self._backends[request.device].allreduce(sources, destinations, request.op, request.prescale,
+                                                 postscale, record)
+        finished = time.perf_counter()
+        for entry in entries:
+            if entry is None:
+                continue
+            if timeline is not None:
+                self._record_lifetime(timeline, entry, "ALLREDUCE", ready_at, started, finished)
+            self._finish(entry, entry.output)
+
+    def _run_single(self, response, ready_at):
+        entry = self._local_entry(response)
+        if entry is None:
+            return
+        request = response.request
+        backend = self._backends[request.device]
+        started = time.perf_counter()
+        if request.kind == Kind.ALLGATHER:
+            result = backend.allgather(entry.array, response.first_dims)
+        elif request.kind == Kind.BROADCAST:
+            backend.broadcast(entry.array, entry.output, request.root)
+            result = entry.output
+        elif request.kind == Kind.ALLTOALL:
+            result = backend.alltoall(entry.array, entry.splits)
+        elif request.kind == Kind.REDUCESCATTER:
+            postscale = request.postscale / self.size if request.op == ReduceOp.AVERAGE else request.postscale
+            result = backend.reducescatter(entry.array, request.op, request.prescale, postscale)
+        else:  # a barrier: agreeing that every rank reached it was the whole work
+            result = None
+        finished = time.perf_counter()
+        timeline = self._timeline
+        if timeline is not None:
+            timeline.span(entry.name, f"MPI_{request.kind.value.upper()}", started, finished)
+            self._record_lifetime(timeline, entry, request.kind.value.upper(), ready_at, started, finished)
+        self._finish(entry, result)
+
+    @staticmethod
+    def _record_lifetime(timeline, entry, operation, ready_at, started, finished):
+        submitted = entry.submitted_at
+        timeline.span(entry.name, f"NEGOTIATE_{operation}", submitted, max(submitted, ready_at))
+        timeline.span(entry.name, operation, ready_at, finished)
+        timeline.span(entry.name, "QUEUE", ready_at, started)
+
+    def _finish(self, entry, result=None, error=None):
+        self._pending.pop(entry.name, None)
+        with self._lock:
+            self._in_flight.discard(entry.name)
+        entry.handle._finish(result, error)
+
+    def _fail_response(self, response):
+        entry = self._pending.get(response.name)
+        if entry is None:
+            return  # a joined rank: the error belongs to the ranks that submitted the tensor
+        if response.error_values is not None:
+            error = TensorMismatchError(response.error, response.name, response.error_field, response.error_values)
+        else:
+            error = HorovodInternalError(response.error)
+        self._finish(entry, error=error)
+
+    def _finish_join(self, response):
+        entry, self._join_entry = self._join_entry, None
+        entry.handle._finish(response.last_joined_rank)
+
+    def _stop(self, message):
+        """Fail everything pending or queued with `message`; refuse new work."""
+        with self._lock:
+            self._stopped_error = message
+            queued = list(self._submitted)
+            self._submitted.clear()
+        entries = itertools.chain(self._pending.values(), queued, [self._join_entry] if self._join_entry else [])
+        for entry in list(entries):
+            self._finish(entry, error=HorovodInternalError(message))
+        self._join_entry = None
+        if message != SHUT_DOWN_MESSAGE:
+            log.error(message)
+
+
+def _offset_in_bucket(name, array, output, bucket):
+    """The element offset of `array` in the flat array `bucket`, checking it lies inside."""
+    if output is not None and output is not array:
+        raise ValueError(f"allreduce '{name}': a tensor in a bucket must be reduced in place")
+    if bucket.ndim != 1 or bucket.dtype != array.dtype or not bucket.flags.c_contiguous:
+        raise ValueError(f"allreduce '{name}': the bucket must be a flat contiguous array of dtype {array.dtype}")
+    start = array.__array_interface__["data"][0] - bucket.__array_interface__["data"][0]
+    offset, misaligned = divmod(start, array.itemsize)
+    if misaligned or offset < 0 or offset + array.size > bucket.size:
+        raise ValueError(f"allreduce '{name}': the tensor does not lie inside its bucket")
+    return offset
+
+
+def _regions(requests):
+    """Group batch positions into regions reduced as one: runs of tensors adjacent in the same
+    bucket (in bucket order), then every other tensor alone (in batch order)."""
+    in_buckets = sorted((r.bucket, r.offset, i) for i, r in enumerate(requests) if r.bucket)
+    regions = []
+    previous_end = None
+    for bucket, offset, i in in_buckets:
+        if regions and previous_end == (bucket, offset):
+            regions[-1].append(i)
+        else:
+            regions.append([i])
+        previous_end = (bucket, offset + math.prod(requests[i].shape))
+    regions.extend([i] for i, r in enumerate(requests) if not r.bucket)
+    return regions

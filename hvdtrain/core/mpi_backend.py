@@ -1,0 +1,196 @@
+"""Collectives on NumPy buffers in host memory, through MPI.
+
+This is one of the engine's backends: the engine decides *what* runs and in which order;
+a backend moves the bytes. A CUDA backend (NCCL through CuPy) takes the same calls for
+device buffers.
+"""
+
+import time
+
+import numpy as np
+
+from .fusion import Pack, pack_capacity_bytes, plan_allreduce
+from .requests import ReduceOp
+
+REDUCIBLE_DTYPES = frozenset(
+    ("uint8", "int8", "uint16", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64")
+)
+
+
+def _scale(destination, factor, source=None):
+    # Integer tensors are scaled in floating point and truncated, as Horovod does.
+    np.multiply(destination if source is None else source, factor, out=destination, casting="unsafe")
+
+
+def _byte_view(array):
+    return array.reshape(-1).view(np.uint8)
+
+
+class MpiBackend:
+    device = "cpu"
+
+    def __init__(self, comm, settings):
+        from mpi4py import MPI
+
+        self._MPI = MPI
+        self.comm = comm
+        self.settings = settings
+        self._ops = {
+            ReduceOp.SUM: MPI.SUM,
+            ReduceOp.AVERAGE: MPI.SUM,  # the engine folds 1/size into the postscale factor
+            ReduceOp.MIN: MPI.MIN,
+            ReduceOp.MAX: MPI.MAX,
+            ReduceOp.PRODUCT: MPI.PROD,
+        }
+        self._bfloat16_ops = {}
+        self._fusion_buffer = np.empty(0, np.uint8)
+
+    # MPI has no bfloat16; reduce it as 16-bit words with a user-defined op that adds in
+    # float32 through ml_dtypes.
+    def _bfloat16_op(self, op):
+        mpi_op = self._bfloat16_ops.get(op)
+        if mpi_op is None:
+            import ml_dtypes
+
+            ufunc = {ReduceOp.SUM: np.add, ReduceOp.AVERAGE: np.add, ReduceOp.MIN: np.minimum,
+                     ReduceOp.MAX: np.maximum, ReduceOp.PRODUCT: np.multiply}[op]
+
+            def reduce_words(incoming, inout, datatype):
+                a = np.frombuffer(incoming, ml_dtypes.bfloat16)
+                b = np.frombuffer(inout, ml_dtypes.bfloat16)
+                ufunc(a, b, out=b)
+
+            mpi_op = self._bfloat16_ops[op] = self._MPI.Op.Create(reduce_words, commute=True)
+        return mpi_op
+
+    def _operands(self, array, op):
+        if array.dtype.name == "bfloat16":
+            return [array.view(np.uint16), self._MPI.UINT16_T], self._bfloat16_op(op)
+        return array, self._ops[op]
+
+    def _reduce_in_place(self, array, op):
+        buffer, mpi_op = self._operands(array, op)
+        self.comm.Allreduce(self._MPI.IN_PLACE, buffer, mpi_op)
+
+    def _reduce_into(self, source, destination, op):
+        send, mpi_op = self._operands(source, op)
+        receive, _ = self._operands(destination, op)
+        self.comm.Allreduce(send, receive, mpi_op)
+
+    def _fusion_window(self, dtype, elements):
+        nbytes = elements * dtype.itemsize
+        if self._fusion_buffer.nbytes < nbytes:
+            self._fusion_buffer = np.empty(max(nbytes, pack_capacity_bytes(self.settings)), np.uint8)
+        return self._fusion_buffer[:nbytes].view(dtype)
+
+    def allreduce(self, sources, destinations, op, prescale, postscale, record=None):
+        """Reduce flat arrays `sources[i]` into `destinations[i]` (the same array when in place).
+        `record(phase, start, end, indices)` receives timings for the timeline."""
+        settings = self.settings
+        dtype = destinations[0].dtype
+        plan = plan_allreduce(tuple(d.size for d in destinations), dtype.itemsize, settings.chunk_bytes,
+                              settings.pack_below_bytes, pack_capacity_bytes(settings))
+        for step in plan:
+            if isinstance(step, Pack):
+                self._reduce_pack(step, sources, destinations, op, prescale, postscale, record)
+                continue
+            source = sources[step.index][step.start:step.stop]
+            destination = destinations[step.index][step.start:step.stop]
+            started = time.perf_counter() if record else 0.0
+            if prescale != 1.0:
+                _scale(destination, prescale, source)
+                self._reduce_in_place(destination, op)
+            elif sources[step.index] is destinations[step.index]:
+                self._reduce_in_place(destination, op)
+            else:
+                self._reduce_into(source, destination, op)
+            if postscale != 1.0:
+                _scale(destination, postscale)
+            if record:
+                record("MPI_ALLREDUCE", started, time.perf_counter(), (step.index,))
+
+    def _reduce_pack(self, pack, sources, destinations, op, prescale, postscale, record):
+        window = self._fusion_window(destinations[0].dtype, pack.elements)
+        t0 = time.perf_counter() if record else 0.0
+        offset = 0
+        for index in pack.indices:
+            source = sources[index]
+            segment = window[offset:offset + source.size]
+            if prescale != 1.0:
+                _scale(segment, prescale, source)
+            else:
+                segment[...] = source
+            offset += source.size
+        t1 = time.perf_counter() if record else 0.0
+        self._reduce_in_place(window, op)
+        if postscale != 1.0:
+            _scale(window, postscale)
+        t2 = time.perf_counter() if record else 0.0
+        offset = 0
+        for index in pack.indices:
+            destination = destinations[index]
+            destination[...] = window[offset:offset + destination.size]
+            offset += destination.size
+        if record:
+            t3 = time.perf_counter()
+            record("MEMCPY_IN_FUSION_BUFFER", t0, t1, pack.indices)
+            record("MPI_ALLREDUCE", t1, t2, pack.indices)
+            record("MEMCPY_OUT_FUSION_BUFFER", t2, t3, pack.indices)
+
+    def allgather(self, source, first_dims):
+        MPI = self._MPI
+        row_shape = source.shape[1:]
+        row_bytes = int(np.prod(row_shape, dtype=np.int64)) * source.dtype.itemsize
+        output = np.empty((sum(first_dims),) + row_shape, source.dtype)
+        counts = [d * row_bytes for d in first_dims]
+        displacements = np.concatenate(([0], np.cumsum(counts)[:-1])).tolist()
+        self.comm.Allgatherv([_byte_view(source), MPI.BYTE],
+                             [_byte_view(output), counts, displacements, MPI.BYTE])
+        return output
+
+    def broadcast(self, source, destination, root):
+        if self.comm.Get_rank() == root and source is not destination:
+            destination[...] = source
+        data = _byte_view(destination)
+        chunk = self.settings.chunk_bytes
+        for start in range(0, max(data.size, 1), chunk):
+            self.comm.Bcast([data[start:start + chunk], self._MPI.BYTE], root=root)
+
+    def alltoall(self, source, splits):
+        MPI = self._MPI
+        size = self.comm.Get_size()
+        received_splits = np.empty(size, np.int64)
+        self.comm.Alltoall([np.ascontiguousarray(splits, np.int64), MPI.INT64_T], [received_splits, MPI.INT64_T])
+        row_shape = source.shape[1:]
+        row_bytes = int(np.prod(row_shape, dtype=np.int64)) * source.dtype.itemsize
+        output = np.empty((int(received_splits.sum()),) + row_shape, source.dtype)
+        send_counts = (np.asarray(splits, np.int64) * row_bytes).tolist()
+        receive_counts = (received_splits * row_bytes).tolist()
+        send_displacements = np.concatenate(([0], np.cumsum(send_counts)[:-1])).tolist()
+        receive_displacements = np.concatenate(([0], np.cumsum(receive_counts)[:-1])).tolist()
+        self.comm.Alltoallv([_byte_view(source), send_counts, send_displacements, MPI.BYTE],
+                            [_byte_view(output), receive_counts, receive_displacements, MPI.BYTE])
+        return output, received_splits
+
+    def reducescatter(self, source, op, prescale, postscale):
+        size, rank = self.comm.Get_size(), self.comm.Get_rank()
+        rows = reducescatter_rows(source.shape[0], size)
+        row_elements = int(np.prod(source.shape[1:], dtype=np.int64))
+        output = np.empty((rows[rank],) + source.shape[1:], source.dtype)
+        if prescale != 1.0:
+            scaled = np.empty_like(source)
+            _scale(scaled, prescale, source)
+            source = scaled
+        send, mpi_op = self._operands(source.reshape(-1), op)
+        receive, _ = self._operands(output.reshape(-1), op)
+        self.comm.Reduce_scatter(send, receive, [r * row_elements for r in rows], mpi_op)
+        if postscale != 1.0:
+            _scale(output, postscale)
+        return output
+
+
+def reducescatter_rows(first_dim, size):
+    """Rows of a reducescatter result on each rank: an even split, the first ranks taking
+    one extra row when it does not divide."""
+    base, extra = divmod(first_dim, size)
+    return [base + (1 if r < extra else 0) for r in range(size)]

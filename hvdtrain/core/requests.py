@@ -1,0 +1,140 @@
+"""What ranks tell each other about a collective, and the handle a caller waits on.
+
+Requests and responses are NamedTuples: they are built for every tensor of every step and
+compared on every cycle, and tuples do both in C.
+"""
+
+import enum
+import math
+import threading
+import time
+from typing import NamedTuple, Optional, Tuple
+
+import numpy as np
+
+
+class ReduceOp(enum.IntEnum):
+    # Horovod's numbering, so that values passed through from Horovod scripts keep their meaning.
+    AVERAGE = 0
+    SUM = 1
+    ADASUM = 2
+    MIN = 3
+    MAX = 4
+    PRODUCT = 5
+
+
+class Kind(str, enum.Enum):
+    ALLREDUCE = "allreduce"
+    ALLGATHER = "allgather"
+    BROADCAST = "broadcast"
+    ALLTOALL = "alltoall"
+    REDUCESCATTER = "reducescatter"
+    BARRIER = "barrier"
+    JOIN = "join"
+
+
+# Kinds whose first dimension may differ between ranks.
+RAGGED_KINDS = (Kind.ALLGATHER, Kind.ALLTOALL)
+REDUCING_KINDS = (Kind.ALLREDUCE, Kind.REDUCESCATTER)
+
+
+class Request(NamedTuple):
+    """One rank's description of a collective; every rank must send a compatible one."""
+
+    name: str
+    kind: Kind
+    dtype: str = ""
+    shape: Tuple[int, ...] = ()
+    op: ReduceOp = ReduceOp.SUM
+    prescale: float = 1.0
+    postscale: float = 1.0
+    root: int = 0
+    device: str = "cpu"
+    # Where the tensor lies in a bucket, a flat array shared by several tensors (such as the
+    # gradients of a model): the bucket's name and the tensor's element offset in it. Tensors
+    # of one bucket that lie next to each other are reduced as one region, without copies.
+    bucket: str = ""
+    offset: int = -1
+
+    @property
+    def nbytes(self):
+        return math.prod(self.shape) * numpy_dtype(self.dtype).itemsize
+
+
+class Response(NamedTuple):
+    """The coordinator's verdict on one name, identical on every rank."""
+
+    name: str
+    kind: Kind
+    request: Optional[Request] = None  # the agreed description (from the lowest submitting rank)
+    error: Optional[str] = None
+    error_field: Optional[str] = None
+    error_values: Optional[dict] = None
+    first_dims: Optional[Tuple[int, ...]] = None  # allgather: rows contributed by each rank
+    last_joined_rank: int = -1
+
+
+def numpy_dtype(name):
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+class Handle:
+    """The future of one collective: `poll()` says whether it finished, `wait()` returns its
+    result or raises its error."""
+
+    __slots__ = ("name", "_lock", "_done", "_result", "_error")
+
+    def __init__(self, name):
+        self.name = name
+        # Held until the operation finishes; a plain lock is far cheaper to make than an Event.
+        self._lock = threading.Lock()
+        self._lock.acquire()
+        self._done = False
+        self._result = None
+        self._error = None
+
+    def poll(self):
+        return self._done
+
+    def wait(self):
+        if not self._done:
+            with self._lock:
+                pass
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    synchronize = wait
+
+    def _finish(self, result=None, error=None):
+        self._result = result
+        self._error = error
+        self._done = True
+        self._lock.release()
+
+
+class Entry:
+    """A collective submitted on this rank and not yet finished."""
+
+    __slots__ = ("request", "handle", "array", "output", "splits", "bucket", "submitted_at", "sent_to_coordinator")
+
+    def __init__(self, request, handle, array=None, output=None, splits=None, bucket=None):
+        self.request = request
+        self.handle = handle
+        self.array = array  # input (C-contiguous)
+        self.output = output  # where the result goes; the engine allocates it if None
+        self.splits = splits  # alltoall: rows sent to each rank
+        self.bucket = bucket  # the flat array named by request.bucket, if any
+        self.submitted_at = time.perf_counter()
+        self.sent_to_coordinator = False
+
+    @property
+    def name(self):
+        return self.request.name
+
+    def age(self):
+        return time.perf_counter() - self.submitted_at

@@ -1,0 +1,63 @@
+"""A Chrome-trace (Perfetto) timeline of every collective, written by rank 0.
+
+Each tensor is a row ("process" in trace terms). Its phases are complete events: the
+negotiation, then the operation itself with QUEUE, MEMCPY_IN_FUSION_BUFFER, the transport
+call (MPI_ALLREDUCE, ...) and MEMCPY_OUT_FUSION_BUFFER nested inside, as in Horovod.
+"""
+
+import json
+import threading
+import time
+
+
+class Timeline:
+    def __init__(self, path, mark_cycles=False):
+        self.path = path
+        self.mark_cycles = mark_cycles
+        self._file = open(path, "w", buffering=1 << 20)
+        self._file.write("[\n")
+        self._separator = ""
+        self._origin = time.perf_counter()
+        self._rows = {}
+        self._lock = threading.Lock()
+
+    def _micros(self, t):
+        return (t - self._origin) * 1e6
+
+    def _write(self, text):
+        self._file.write(self._separator + text)
+        self._separator = ",\n"
+
+    def _row(self, name):
+        row = self._rows.get(name)
+        if row is None:
+            row = self._rows[name] = len(self._rows) + 1
+            self._write(json.dumps({"name": "process_name", "ph": "M", "pid": row, "args": {"name": name}}))
+            self._write(json.dumps({"name": "process_sort_index", "ph": "M", "pid": row, "args": {"sort_index": row}}))
+        return row
+
+    def span(self, tensor_name, phase, start, end):
+        """A phase of `tensor_name` from `start` to `end` (time.perf_counter() values)."""
+        with self._lock:
+            if self._file is None:
+                return
+            row = self._row(tensor_name)
+            self._write(
+                f'{{"name":"{phase}","ph":"X","ts":{self._micros(start):.3f},'
+                f'"dur":{max(0.0, (end - start) * 1e6):.3f},"pid":{row},"tid":0}}'
+            )
+
+    def cycle_start(self, t):
+        if not self.mark_cycles:
+            return
+        with self._lock:
+            if self._file is not None:
+                self._write(f'{{"name":"CYCLE_START","ph":"i","s":"g","ts":{self._micros(t):.3f},"pid":0,"tid":0}}')
+
+    def close(self):
+        with self._lock:
+            if self._file is None:
+                return
+            self._file.write("\n]\n")
+            self._file.close()
+            self._file = None

