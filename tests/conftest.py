@@ -11,21 +11,24 @@ TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 
 
-def run_ranks(num_proc, function, *args, timeout=120, env=None, expect_success=True):
+def run_ranks(num_proc, function, *args, timeout=120, env=None, expect_success=True, hosts=None, extra_args=()):
     """Run `function` (a module-level function of a test file) on `num_proc` real ranks under
-    mpirun, each rank with its share of the cores. A hang fails this test, not the suite."""
+    mpirun (on `hosts`, default this machine), each rank with its share of this machine's
+    cores. A hang fails this test, not the suite."""
     base = dict(os.environ)
     base.update(env or {})
     worker_env = launcher.worker_environment(num_proc, base)
     program = [sys.executable, "-u", str(TESTS / "rank_main.py"), function.__code__.co_filename,
                function.__name__, *map(str, args)]
-    command = launcher.mpirun_command(program, num_proc=num_proc, env=worker_env)
+    command = launcher.mpirun_command(program, hosts=hosts, num_proc=num_proc, env=worker_env,
+                                      extra_args=extra_args)
+    where = f"{num_proc} ranks" if hosts is None else ",".join(f"{h.host}:{h.slots}" for h in hosts)
     try:
         result = launcher.run(command, env=worker_env, timeout=timeout, capture=True)
     except subprocess.TimeoutExpired as expired:
-        pytest.fail(f"{function.__name__} on {num_proc} ranks did not finish in {timeout} s:\n{expired.output}")
+        pytest.fail(f"{function.__name__} on {where} did not finish in {timeout} s:\n{expired.output}")
     if expect_success and result.returncode != 0:
-        pytest.fail(f"{function.__name__} on {num_proc} ranks failed (exit {result.returncode}):\n{result.stdout}")
+        pytest.fail(f"{function.__name__} on {where} failed (exit {result.returncode}):\n{result.stdout}")
     return result
 
 

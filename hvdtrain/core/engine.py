@@ -25,7 +25,7 @@ from .mpi_backend import REDUCIBLE_DTYPES, MpiBackend
 from .negotiation import CACHEABLE_KINDS, Coordinator, ResponseCache
 from .requests import REDUCING_KINDS, Entry, Handle, Kind, ReduceOp, Request, numpy_dtype
 from .timeline import Timeline
-from .topology import discover
+from .discovery import discover
 
 log = logging.getLogger("hvdtrain.core")
 

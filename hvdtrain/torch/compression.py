@@ -1,0 +1,32 @@
+"""Gradient compression for the wire, as in horovod.torch."""
+
+import torch
+
+
+class NoneCompressor:
+    @staticmethod
+    def compress(tensor):
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor
+
+
+class FP16Compressor:
+    """Send floating-point tensors as float16, halving the bytes; restore the dtype after."""
+
+    @staticmethod
+    def compress(tensor):
+        if tensor.dtype.is_floating_point:
+            return tensor.type(torch.float16), tensor.dtype
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor if ctx is None else tensor.type(ctx)
+
+
+class Compression:
+    none = NoneCompressor
+    fp16 = FP16Compressor

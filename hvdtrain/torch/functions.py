@@ -1,0 +1,55 @@
+"""Broadcasting model and optimizer state, and arbitrary Python objects."""
+
+import torch
+
+from hvdtrain import core
+
+from .mpi_ops import broadcast_async_, synchronize
+
+
+def broadcast_parameters(params, root_rank, prefix=None):
+    """Overwrite `params` (a state_dict, or a list of tensors or (name, tensor) pairs) with
+    their values on `root_rank`, in place."""
+    if isinstance(params, dict):
+        params = sorted(params.items())
+    elif isinstance(params, list):
+        params = [p if isinstance(p, tuple) else (None, p) for p in params]
+    else:
+        raise ValueError(f"invalid params of type: {type(params)}")
+    handles = []
+    for index, (name, tensor) in enumerate(params):
+        if not torch.is_tensor(tensor):
+            continue
+        key = f"broadcast_parameters.{name if name is not None else index}"
+        if prefix is not None:
+            key = f"{prefix}{key}"
+        target = tensor.data if isinstance(tensor, torch.nn.Parameter) else tensor
+        if target.is_contiguous():
+            handles.append((broadcast_async_(target, root_rank, key), None, None))
+        else:
+            staged = target.contiguous()
+            handles.append((broadcast_async_(staged, root_rank, key), target, staged))
+    for handle, target, staged in handles:
+        synchronize(handle)
+        if target is not None:
+            target.copy_(staged)
+
+
+def broadcast_optimizer_state(optimizer, root_rank, model=None):
+    """Make every rank's optimizer state (per-parameter state and hyperparameters) equal to
+    `root_rank`'s."""
+    if isinstance(optimizer, torch.optim.LBFGS):
+        raise ValueError("cannot broadcast torch.optim.LBFGS state")
+    state = broadcast_object(optimizer.state_dict(), root_rank, name="broadcast_optimizer_state")
+    if core.rank() != root_rank:
+        optimizer.load_state_dict(state)
+
+
+def broadcast_object(obj, root_rank=0, name=None):
+    """Return `root_rank`'s `obj` on every rank (serialized with cloudpickle)."""
+    return core.broadcast_object(obj, root_rank, name)
+
+
+def allgather_object(obj, name=None):
+    """Return the list of every rank's `obj`, in rank order."""
+    return core.allgather_object(obj, name)

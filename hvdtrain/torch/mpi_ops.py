@@ -1,0 +1,405 @@
+"""Collectives on torch tensors, with horovod.torch's names, signatures and semantics.
+
+Tensors cross to the core as NumPy views of their memory (no copies on the CPU). The
+synchronous forms are autograd functions, so gradients flow through allreduce, allgather,
+broadcast, alltoall and reducescatter as in Horovod.
+"""
+
+import itertools
+import warnings
+
+import numpy as np
+import torch
+
+from hvdtrain import core
+from hvdtrain.core import HorovodInternalError, HostsUpdatedInterrupt, ReduceOp  # noqa: F401 (re-exported)
+
+from .compression import Compression
+
+Average = ReduceOp.AVERAGE
+Sum = ReduceOp.SUM
+Adasum = ReduceOp.ADASUM
+Min = ReduceOp.MIN
+Max = ReduceOp.MAX
+Product = ReduceOp.PRODUCT
+
+init = core.init
+shutdown = core.shutdown
+is_initialized = core.is_initialized
+size = core.size
+rank = core.rank
+local_size = core.local_size
+local_rank = core.local_rank
+cross_size = core.cross_size
+cross_rank = core.cross_rank
+is_homogeneous = core.is_homogeneous
+mpi_threads_supported = core.mpi_threads_supported
+start_timeline = core.start_timeline
+stop_timeline = core.stop_timeline
+
+
+def mpi_built():
+    return True
+
+
+def mpi_enabled():
+    return True
+
+
+def gloo_built():
+    return False
+
+
+def gloo_enabled():
+    return False
+
+
+def nccl_built():
+    return 0
+
+
+def ddl_built():
+    return False
+
+
+def ccl_built():
+    return False
+
+
+def cuda_built():
+    return False
+
+
+def rocm_built():
+    return False
+
+
+# ----------------------------------------------------------------------------- tensors <-> arrays
+
+
+def _array(tensor):
+    """A NumPy view of a CPU tensor's memory."""
+    if tensor.device.type != "cpu":
+        raise NotImplementedError(
+            f"hvdtrain.torch: a tensor on {tensor.device} needs the NCCL backend for GPU buffers, "
+            "which this version does not have yet; move the tensor to the CPU"
+        )
+    tensor = tensor.detach()
+    if tensor.dtype == torch.bfloat16:
+        import ml_dtypes
+
+        return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return tensor.numpy()
+
+
+def _tensor(array):
+    """The torch tensor over a NumPy array's memory."""
+    if array.dtype.name == "bfloat16":
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
+
+
+def _output_array(output, in_place):
+    # The core recognizes an in-place operation by getting no separate output.
+    return None if in_place else _array(output)
+
+
+def _source(tensor, in_place):
+    if tensor.is_contiguous():
+        return tensor
+    if in_place:
+        raise ValueError("Tensor is required to be contiguous for an in-place collective.")
+    return tensor.contiguous()
+
+
+# ----------------------------------------------------------------------------- handles
+
+# Horovod hands out integer handles; each maps to the core's handles and a function that
+# turns their results into what synchronize() returns.
+_handle_map = {}
+_handle_counter = itertools.count()
+
+
+def _register(core_handles, finish):
+    handle = next(_handle_counter)
+    _handle_map[handle] = (core_handles, finish)
+    return handle
+
+
+def poll(handle):
+    """True once the asynchronous operation of `handle` has finished."""
+    core_handles, _ = _handle_map[handle]
+    return all(h.poll() for h in core_handles)
+
+
+def synchronize(handle):
+    """Wait for the operation of `handle` and return its result."""
+    if handle not in _handle_map:
+        return None
+    core_handles, finish = _handle_map.pop(handle)
+    return finish([h.wait() for h in core_handles])
+
+
+def _resolve_op(op, average):
+    if op is not None and average is not None:
+        raise ValueError("The op parameter supersedes average. Please provide only one of them.")
+    if average is not None:
+        warnings.warn("Parameter `average` has been replaced with `op` and will be removed in v1.0",
+                      DeprecationWarning, stacklevel=3)
+        return Average if average else Sum
+    return Average if op is None else op
+
+
+# ----------------------------------------------------------------------------- allreduce
+
+
+def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, bucket=None):
+    in_place = output is tensor
+    source = _source(tensor, in_place)
+    handle = core.allreduce_async(_array(source), name=name, op=op, prescale_factor=prescale_factor,
+                                  postscale_factor=postscale_factor, output=_output_array(output, in_place),
+                                  bucket=bucket)
+    return _register([handle], lambda _: output)
+
+
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+    """Start reducing `tensor` over all ranks into a new tensor; returns a handle."""
+    op = _resolve_op(op, average)
+    return _allreduce_async(tensor, torch.empty_like(tensor, memory_format=torch.contiguous_format), name, op,
+                            prescale_factor, postscale_factor)
+
+
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+    """Start reducing `tensor` over all ranks in place; returns a handle."""
+    op = _resolve_op(op, average)
+    return _allreduce_async(tensor, tensor, name, op, prescale_factor, postscale_factor)
+
+
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+    op = _resolve_op(op, average)
+    return synchronize(_allreduce_async(tensor, tensor, name, op, prescale_factor, postscale_factor))
+
+
+class HorovodAllreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor):
+        ctx.op, ctx.prescale_factor, ctx.postscale_factor = op, prescale_factor, postscale_factor
+        return synchronize(allreduce_async(tensor, name=name, op=op, prescale_factor=prescale_factor,
+                                           postscale_factor=postscale_factor))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad = allreduce(grad_output, op=ctx.op, prescale_factor=ctx.prescale_factor,
+                         postscale_factor=ctx.postscale_factor)
+        return grad, None, None, None, None
+
+
+def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None, prescale_factor=1.0,
+              postscale_factor=1.0):
+    """Reduce `tensor` over all ranks (Average by default); differentiable."""
+    op = _resolve_op(op, average)
+    compressed, context = compression.compress(tensor)
+    reduced = HorovodAllreduce.apply(compressed, name, op, prescale_factor, postscale_factor)
+    return compression.decompress(reduced, context)
+
+
+def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postscale_factor):
+    sources = [_source(t, o is t) for t, o in zip(tensors, outputs)]
+    handles = core.grouped_allreduce_async([_array(s) for s in sources], name=name, op=op,
+                                           prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                                           outputs=[_output_array(o, o is t) for t, o in zip(tensors, outputs)])
+    return _register(handles, lambda _: list(outputs))
+
+
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                            postscale_factor=1.0):
+    op = _resolve_op(op, average)
+    outputs = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
+    return _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postscale_factor)
+
+
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                             postscale_factor=1.0):
+    op = _resolve_op(op, average)
+    return _grouped_allreduce_async(tensors, tensors, name, op, prescale_factor, postscale_factor)
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+    op = _resolve_op(op, average)
+    return synchronize(_grouped_allreduce_async(tensors, tensors, name, op, prescale_factor, postscale_factor))
+
+
+class HorovodGroupedAllreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, op, prescale_factor, postscale_factor, *tensors):
+        ctx.op, ctx.prescale_factor, ctx.postscale_factor = op, prescale_factor, postscale_factor
+        return tuple(synchronize(grouped_allreduce_async(list(tensors), name=name, op=op,
+                                                         prescale_factor=prescale_factor,
+                                                         postscale_factor=postscale_factor)))
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        grads = grouped_allreduce(list(grad_outputs), op=ctx.op, prescale_factor=ctx.prescale_factor,
+                                  postscale_factor=ctx.postscale_factor)
+        return (None, None, None, None, *grads)
+
+
+def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
+                      prescale_factor=1.0, postscale_factor=1.0):
+    """Reduce a list of tensors together (negotiated and fused as one group); differentiable."""
+    op = _resolve_op(op, average)
+    compressed = [compression.compress(t) for t in tensors]
+    reduced = HorovodGroupedAllreduce.apply(name, op, prescale_factor, postscale_factor,
+                                            *[c for c, _ in compressed])
+    return [compression.decompress(r, context) for r, (_, context) in zip(reduced, compressed)]
+
+
+# ----------------------------------------------------------------------------- allgather
+
+
+def allgather_async(tensor, name=None):
+    """Start concatenating every rank's `tensor` along dimension 0 (sizes may differ)."""
+    handle = core.allgather_async(_array(_source(tensor, False)), name=name)
+    return _register([handle], lambda results: _tensor(results[0]))
+
+
+class HorovodAllgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name):
+        ctx.rows = tensor.shape[0]
+        return synchronize(allgather_async(tensor, name))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad = allreduce(grad_output, op=Average)
+        rows = allgather(torch.tensor([ctx.rows], dtype=torch.int64))
+        offset = int(rows[:rank()].sum())
+        return grad.narrow(0, offset, ctx.rows), None
+
+
+def allgather(tensor, name=None):
+    """Concatenate every rank's `tensor` along dimension 0; differentiable."""
+    return HorovodAllgather.apply(tensor, name)
+
+
+# ----------------------------------------------------------------------------- broadcast
+
+
+def _broadcast_async(tensor, output, root_rank, name):
+    in_place = output is tensor
+    source = _source(tensor, in_place)
+    handle = core.broadcast_async(_array(source), root_rank, name=name, output=_output_array(output, in_place))
+    return _register([handle], lambda _: output)
+
+
+def broadcast_async(tensor, root_rank, name=None):
+    return _broadcast_async(tensor, torch.empty_like(tensor, memory_format=torch.contiguous_format),
+                            root_rank, name)
+
+
+def broadcast_async_(tensor, root_rank, name=None):
+    return _broadcast_async(tensor, tensor, root_rank, name)
+
+
+def broadcast_(tensor, root_rank, name=None):
+    return synchronize(broadcast_async_(tensor, root_rank, name))
+
+
+class HorovodBroadcast(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name):
+        ctx.root_rank = root_rank
+        return synchronize(broadcast_async(tensor, root_rank, name))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad = allreduce(grad_output, op=Average)
+        if rank() != ctx.root_rank:
+            grad = grad * 0
+        return grad, None, None
+
+
+def broadcast(tensor, root_rank, name=None):
+    """`root_rank`'s value of `tensor` on every rank; differentiable."""
+    return HorovodBroadcast.apply(tensor, root_rank, name)
+
+
+# ----------------------------------------------------------------------------- alltoall
+
+
+def alltoall_async(tensor, splits=None, name=None):
+    """Start sending `splits[i]` rows of `tensor` to rank i; synchronize() gives
+    (received tensor, received splits)."""
+    if splits is not None:
+        splits = np.asarray(splits.tolist() if torch.is_tensor(splits) else splits, np.int64)
+    handle = core.alltoall_async(_array(_source(tensor, False)), splits=splits, name=name)
+
+    def finish(results):
+        received, received_splits = results[0]
+        return _tensor(received), torch.from_numpy(received_splits.astype(np.int32))
+
+    return _register([handle], finish)
+
+
+class HorovodAlltoall(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, splits, name):
+        output, received_splits = synchronize(alltoall_async(tensor, splits, name))
+        ctx.received_splits = received_splits
+        ctx.mark_non_differentiable(received_splits)
+        return output, received_splits
+
+    @staticmethod
+    def backward(ctx, grad_output, _):
+        grad, _ = alltoall(grad_output, splits=ctx.received_splits)
+        return grad, None, None
+
+
+def alltoall(tensor, splits=None, name=None):
+    """Exchange rows between ranks; returns (received tensor, received splits); differentiable."""
+    return HorovodAlltoall.apply(tensor, splits, name)
+
+
+# ----------------------------------------------------------------------------- reducescatter
+
+
+def reducescatter_async(tensor, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0):
+    handle = core.reducescatter_async(_array(_source(tensor, False)), name=name, op=op,
+                                      prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+    return _register([handle], lambda results: _tensor(results[0]))
+
+
+class HorovodReducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor):
+        ctx.op = op
+        ctx.scale = prescale_factor * postscale_factor
+        return synchronize(reducescatter_async(tensor, name, op, prescale_factor, postscale_factor))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad = allgather(grad_output) * ctx.scale
+        if ctx.op == Average:
+            grad = grad / size()
+        return grad, None, None, None, None
+
+
+def reducescatter(tensor, name=None, compression=Compression.none, op=Average, prescale_factor=1.0,
+                  postscale_factor=1.0):
+    """Reduce `tensor` over all ranks and keep this rank's share of dimension 0; differentiable."""
+    compressed, context = compression.compress(tensor)
+    reduced = HorovodReducescatter.apply(compressed, name, op, prescale_factor, postscale_factor)
+    return compression.decompress(reduced, context)
+
+
+# ----------------------------------------------------------------------------- coordination
+
+
+def join(device=-1):
+    """Declare this rank out of data; other ranks' allreduces continue with zeros from it.
+    Blocks until every rank has joined and returns the rank that joined last."""
+    return core.join()
+
+
+def barrier():
+    core.barrier()

@@ -1,0 +1,275 @@
+"""DistributedOptimizer: horovod.torch's wrapper that averages gradients across ranks.
+
+Each gradient's allreduce starts from a hook the moment autograd has accumulated it, so
+communication overlaps the rest of backward; step() waits for them.
+
+Unlike Horovod, the gradients of dense parameters live in one flat tensor per dtype (a
+bucket, as DistributedDataParallel's gradient_as_bucket_view), laid out alike on every rank.
+The engine then reduces gradients that are ready together and lie next to each other as one
+region, in transport-sized pieces and without copies: measured on ResNet-101 this is what
+brings the engine to the speed of one raw MPI allreduce over the same bytes (README). As a
+consequence zero_grad() zeroes these gradients instead of setting them to None.
+"""
+
+import collections
+import itertools
+import warnings
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+
+from hvdtrain import core
+
+from . import mpi_ops
+from .compression import Compression
+from .mpi_ops import Adasum, Average, size, synchronize
+
+_optimizer_ids = itertools.count()
+_SPARSE = object()  # the context of a gradient reduced as a sparse tensor
+
+
+class _GradientBuckets:
+    """One flat tensor per dtype holding the gradients of dense CPU parameters."""
+
+    def __init__(self, params, prefix):
+        self.view = {}
+        self.spec = {}  # param -> (bucket name, flat NumPy array) for the engine
+        self.flats = []
+        by_dtype = {}
+        for p in params:
+            if p.device.type == "cpu" and p.layout == torch.strided:
+                by_dtype.setdefault(p.dtype, []).append(p)
+        for dtype, members in by_dtype.items():
+            flat = torch.zeros(sum(p.numel() for p in members), dtype=dtype)
+            spec = (f"{prefix}.{str(dtype).replace('torch.', '')}", mpi_ops._array(flat))
+            offset = 0
+            for p in members:
+                self.view[p] = flat[offset:offset + p.numel()].view_as(p)
+                self.spec[p] = spec
+                offset += p.numel()
+            self.flats.append(flat)
+
+    def adopt(self, p):
+        """Make p.grad its bucket view again (after autograd or the user replaced it)."""
+        view = self.view[p]
+        grad = p.grad
+        if grad is None:
+            view.zero_()
+        elif grad.data_ptr() != view.data_ptr():
+            view.copy_(grad)
+        else:
+            return
+        p.grad = view
+
+    def zero(self):
+        for flat in self.flats:
+            flat.zero_()
+        for p, view in self.view.items():
+            p.grad = view
+
+
+class _DistributedOptimizer:
+    """Mixed in front of the wrapped optimizer's class (see DistributedOptimizer)."""
+
+    def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
+                 gradient_predivide_factor, groups, sparse_as_dense):
+        super().__init__(params)
+        self._compression = compression
+        self._backward_passes_per_step = backward_passes_per_step
+        self._op = op
+        self._predivide = gradient_predivide_factor
+        self._sparse_as_dense = sparse_as_dense
+        all_params = [p for group in self.param_groups for p in group["params"]]
+        self._names = _parameter_names(named_parameters, all_params)
+        self._requires_update = [p for p in all_params if p.requires_grad]
+        self._delay = {p: backward_passes_per_step for p in self._requires_update}
+        self._handles = {}
+        self._groups = _parameter_groups(groups, self._requires_update)
+        self._ready_in_group = [set() for _ in range(len(set(self._groups.values())))]
+        self._synchronized = False
+        self._should_synchronize = True
+        self._buckets = None
+        if size() > 1:
+            self._buckets = _GradientBuckets(self._requires_update, f"DistributedOptimizer.{next(_optimizer_ids)}")
+            for p in self._requires_update:
+                p.register_post_accumulate_grad_hook(self._on_gradient_ready)
+
+    def _on_gradient_ready(self, p):
+        handle, _ = self._handles.get(p, (None, None))
+        if handle is not None and self._delay[p] <= 0:
+            raise AssertionError(
+                "Gradients were computed more than backward_passes_per_step times before call to step(). "
+                "Increase backward_passes_per_step to accumulate gradients locally."
+            )
+        self._delay[p] -= 1
+        self._handles[p] = (None, None)
+        if self._delay[p] > 0:
+            return
+        group = self._groups.get(p)
+        if group is None:
+            self._handles[p] = self._allreduce_gradient_async(p)
+            return
+        ready = self._ready_in_group[group]
+        ready.add(p)
+        members = [q for q, g in self._groups.items() if g == group]
+        if len(ready) == len(members):
+            for q in members:
+                self._handles[q] = self._allreduce_gradient_async(q)
+            ready.clear()
+
+    def _allreduce_gradient_async(self, p):
+        name = f"DistributedOptimizer.{self._names[p]}"
+        if p.grad is not None and p.grad.is_sparse:
+            if not self._sparse_as_dense:
+                return _sparse_allreduce_async(p.grad, name, self._op), _SPARSE
+            p.grad = p.grad.to_dense()
+        if p in self._buckets.view:
+            self._buckets.adopt(p)
+        elif p.grad is None:
+            p.grad = torch.zeros_like(p)
+        prescale, postscale = 1.0, 1.0
+        if self._op == Average:
+            # The core divides by size() for Average; predividing trades range for precision.
+            prescale, postscale = 1.0 / self._predivide, self._predivide
+        compressed, context = self._compression.compress(p.grad)
+        if compressed is p.grad and p in self._buckets.spec:
+            handle = mpi_ops._allreduce_async(p.grad, p.grad, name, self._op, prescale, postscale,
+                                              bucket=self._buckets.spec[p])
+        else:
+            handle = mpi_ops.allreduce_async_(compressed, name=name, op=self._op, prescale_factor=prescale,
+                                              postscale_factor=postscale)
+        return handle, context
+
+    def synchronize(self):
+        """Wait for every gradient's allreduce (starting those whose hooks did not fire, e.g.
+        parameters unused on this rank but maybe used on another)."""
+        if self._buckets is None:
+            return
+        for p in self._requires_update:
+            handle, _ = self._handles.get(p, (None, None))
+            if handle is None:
+                self._handles[p] = self._allreduce_gradient_async(p)
+        for p, (handle, context) in self._handles.items():
+            output = synchronize(handle)
+            self._delay[p] = self._backward_passes_per_step
+            if context is _SPARSE:
+                p.grad = output
+            elif output is not p.grad:
+                p.grad.copy_(self._compression.decompress(output, context))
+        self._handles.clear()
+        self._synchronized = True
+
+    @contextmanager
+    def skip_synchronize(self):
+        """Let step() apply gradients already synchronized by an explicit synchronize()
+        (for gradient clipping or GradScaler.unscale_ between the two)."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure=None):
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn(
+                    "optimizer.step() called without optimizer.skip_synchronize() context after "
+                    "optimizer.synchronize(). This can cause training slowdown. You may want to consider "
+                    "using optimizer.skip_synchronize() context if you use optimizer.synchronize() in your code."
+                )
+            self.synchronize()
+        self._synchronized = False
+        return super().step(closure)
+
+    def zero_grad(self, set_to_none=True):
+        if self._handles:
+            raise AssertionError(
+                "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
+                "optimizer.synchronize(). This is prohibited as it can cause a race condition."
+            )
+        if self._buckets is None:
+            return super().zero_grad(set_to_none)
+        self._buckets.zero()
+        for p in self._requires_update:
+            if p not in self._buckets.view and p.grad is not None:
+                if set_to_none:
+                    p.grad = None
+                else:
+                    p.grad.zero_()
+
+
+def _parameter_names(named_parameters, all_params):
+    if named_parameters is None:
+        return {p: f"noname.{i}" for i, p in enumerate(all_params)}
+    named_parameters = list(named_parameters)
+    if any(not isinstance(item, tuple) for item in named_parameters):
+        raise ValueError("named_parameters should be a sequence of tuples (name, parameter), usually produced "
+                         "by model.named_parameters().")
+    counts = collections.Counter(name for name, _ in named_parameters)
+    duplicates = sorted(name for name, count in counts.items() if count > 1)
+    if duplicates:
+        raise ValueError(f"Parameter names in named_parameters must be unique. Found duplicates: {', '.join(duplicates)}")
+    by_id = {id(p): name for name, p in named_parameters}
+    unnamed = [id(p) for p in all_params if id(p) not in by_id]
+    if unnamed:
+        raise ValueError("named_parameters was specified, but one or more model parameters were not named. "
+                         f"Python object ids: {', '.join(map(str, unnamed))}")
+    return {p: by_id[id(p)] for p in all_params}
+
+
+def _parameter_groups(groups, params):
+    """parameter -> group index, for parameters whose gradients must be reduced together."""
+    if groups is None or groups == 0:
+        return {}
+    if isinstance(groups, int):
+        if groups < 0:
+            raise ValueError(f"groups must be a non-negative integer or a list of lists of parameters, got {groups}")
+        chunks = np.array_split(np.arange(len(params)), groups)
+        return {params[i]: g for g, chunk in enumerate(chunks) for i in chunk}
+    membership = {}
+    for g, group in enumerate(groups):
+        for p in group:
+            if not any(p is q for q in params):
+                raise ValueError("groups contains a parameter that this optimizer does not update")
+            membership[p] = g
+    return membership
+
+
+def _sparse_allreduce_async(grad, name, op):
+    """Reduce a sparse gradient by gathering every rank's indices and values."""
+    grad = grad.coalesce()
+    values = core.allgather_async(mpi_ops._array(grad._values().contiguous()), name=f"{name}.values")
+    indices = core.allgather_async(mpi_ops._array(grad._indices().t().contiguous()), name=f"{name}.indices")
+
+    def finish(results):
+        gathered_values, gathered_indices = (mpi_ops._tensor(r) for r in results)
+        if op == Average:
+            gathered_values = gathered_values / size()
+        return torch.sparse_coo_tensor(gathered_indices.t(), gathered_values, grad.shape)
+
+    return mpi_ops._register([values, indices], finish)
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
+                         backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0, num_groups=0,
+                         groups=None, sparse_as_dense=False):
+    """Wrap `optimizer` so that step() applies gradients averaged (by default) over all ranks.
+
+    Returns an instance of a subclass of the optimizer's own class, built from its parameter
+    groups (so isinstance checks and state_dict formats are unchanged)."""
+    core.running_engine()  # raises the usual "not initialized" error early
+    if op == Adasum:
+        raise NotImplementedError("op=Adasum is not supported by hvdtrain")
+    if gradient_predivide_factor != 1.0 and op != Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if backward_passes_per_step < 1:
+        raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+    if num_groups != 0:
+        warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed in v0.23.0.",
+                      DeprecationWarning)
+        if groups is None:
+            groups = num_groups
+    cls = type(optimizer.__class__.__name__, (_DistributedOptimizer, optimizer.__class__), {})
+    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
+               gradient_predivide_factor, groups, sparse_as_dense)

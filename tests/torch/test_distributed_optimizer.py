@@ -1,0 +1,164 @@
+"""DistributedOptimizer: N ranks x batch b train exactly like one process with batch N*b."""
+
+import pytest
+import torch
+
+STEPS = 4
+PER_RANK_BATCH = 6
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(7, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3)
+    ).double()
+
+
+def _batches(world_size, passes):
+    """The global batch of every step, as (inputs, targets); rank r's part of a pass is rows
+    [r*b, (r+1)*b) of that pass's block."""
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(STEPS):
+        rows = world_size * PER_RANK_BATCH * passes
+        yield torch.randn(rows, 7, generator=generator, dtype=torch.float64), torch.randint(0, 3, (rows,), generator=generator)
+
+
+def _train(model, optimizer, batches, select, passes):
+    loss_fn = torch.nn.CrossEntropyLoss()
+    for inputs, targets in batches:
+        optimizer.zero_grad()
+        for p in range(passes):
+            x, y = select(inputs, targets, p)
+            # Each pass averages over its micro-batch; the 1/passes makes the accumulated
+            # gradient the mean over the whole step's samples, as Horovod's examples do.
+            (loss_fn(model(x), y) / passes).backward()
+        optimizer.step()
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def ranks_equivalence():
+    import hvdtrain.torch as hvd
+
+    hvd.init()
+    for passes in (1, 2):
+        _check_equivalence(hvd, passes)
+
+
+def _check_equivalence(hvd, passes):
+    n, r = hvd.size(), hvd.rank()
+
+    reference = _model()
+    reference_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-3)
+    # One process, one batch of all the step's samples.
+    expected = _train(reference, reference_opt, _batches(n, passes), lambda x, y, p: (x, y), 1)
+
+    model = _model()
+    if r != 0:  # other initial weights: broadcast_parameters must replace them with rank 0's
+        torch.manual_seed(100 + r)
+        for p in model.parameters():
+            p.data.add_(torch.randn_like(p))
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    optimizer = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-3),
+        named_parameters=model.named_parameters(), backward_passes_per_step=passes)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+
+    def my_part(x, y, p):
+        start = p * n * PER_RANK_BATCH + r * PER_RANK_BATCH
+        return x[start:start + PER_RANK_BATCH], y[start:start + PER_RANK_BATCH]
+
+    got = _train(model, optimizer, _batches(n, passes), my_part, passes)
+    difference = (got - expected).abs().max().item()
+    assert difference < 1e-12, (
+        f"rank {r}, backward_passes_per_step={passes}: weights differ from the large-batch run by {difference}")
+    # Every rank holds the same weights, bit for bit.
+    gathered = hvd.allgather(got.unsqueeze(0))
+    assert torch.equal(gathered, got.unsqueeze(0).expand_as(gathered)), "ranks disagree"
+
+
+@pytest.mark.parametrize("num_proc", [2, 3, 4])
+def test_matches_single_process_large_batch(mpirun, num_proc):
+    """For backward_passes_per_step 1 and 2."""
+    mpirun(num_proc, ranks_equivalence, timeout=180)
+
+
+def ranks_optimizer_behaviour():
+    import hvdtrain.torch as hvd
+
+    hvd.init()
+    n, r = hvd.size(), hvd.rank()
+
+    # Gradient clipping between synchronize() and step(), as Horovod documents it.
+    model = _model()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters())
+    x = torch.full((4, 7), float(r + 1), dtype=torch.float64)
+    model(x).sum().backward()
+    optimizer.synchronize()
+    averaged = [p.grad.clone() for p in model.parameters()]
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)
+    with optimizer.skip_synchronize():
+        optimizer.step()
+    # The averaged gradient equals the gradient at the mean of the ranks' inputs' gradients.
+    reference = _model()
+    for k in range(n):
+        reference(torch.full((4, 7), float(k + 1), dtype=torch.float64)).sum().backward()
+    for got, ref in zip(averaged, reference.parameters()):
+        assert torch.allclose(got, ref.grad / n, atol=1e-12), "synchronize() did not average gradients"
+
+    # zero_grad() between backward and step is a race Horovod forbids.
+    optimizer.zero_grad()
+    model(x).sum().backward()
+    with pytest.raises(AssertionError, match="zero_grad"):
+        optimizer.zero_grad()
+    optimizer.step()
+
+    # A second backward before step() with backward_passes_per_step=1 is an error.
+    optimizer.zero_grad()
+    model(x).sum().backward()
+    with pytest.raises(AssertionError, match="backward_passes_per_step"):
+        model(x).sum().backward()
+    optimizer.step()
+
+    # A parameter used on some ranks only (a dynamic graph) still gets the average, with
+    # zeros from ranks that did not use it; model.zero_grad(set_to_none=True) is respected.
+    torch.manual_seed(0)
+    a, b = torch.nn.Linear(3, 3).double(), torch.nn.Linear(3, 3).double()
+    hvd.broadcast_parameters(list(a.named_parameters()) + [(f"b.{k}", v) for k, v in b.named_parameters()], 0)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(list(a.parameters()) + list(b.parameters()), lr=1.0))
+    a.zero_grad(set_to_none=True)
+    b.zero_grad(set_to_none=True)
+    out = a(torch.ones(1, 3, dtype=torch.float64))
+    if r == 0:
+        out = b(out)
+    out.sum().backward()
+    before = b.weight.detach().clone()
+    opt.step()
+    local = b.weight.grad.clone()
+    total = hvd.allreduce(local, op=hvd.Sum)
+    assert torch.allclose(total, local * n), "ranks disagree on the averaged gradient of b"
+    assert torch.allclose(b.weight.detach(), before - local), "step did not apply the averaged gradient"
+
+    # Sparse gradients (nn.Embedding(sparse=True)) are averaged like their dense equivalents.
+    torch.manual_seed(0)
+    embedding = torch.nn.Embedding(10, 4, sparse=True).double()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(embedding.parameters(), lr=1.0))
+    start = embedding.weight.detach().clone()
+    embedding(torch.tensor([r, r + 1])).sum().backward()
+    opt.step()
+    expected = start.clone()
+    for k in range(n):
+        expected[[k, k + 1]] -= 1.0 / n
+    assert torch.allclose(embedding.weight.detach(), expected), "sparse gradient average is wrong"
+
+    # Bad named_parameters.
+    with pytest.raises(ValueError, match="unique"):
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                 named_parameters=[("w", p) for p in model.parameters()])
+    with pytest.raises(ValueError, match="not named"):
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                 named_parameters=list(model.named_parameters())[:1])
+
+
+def test_optimizer_behaviour(mpirun):
+    mpirun(3, ranks_optimizer_behaviour, timeout=180)
