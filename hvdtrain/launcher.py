@@ -15,6 +15,8 @@ from typing import List, Optional, Sequence
 
 # Variables every rank needs to see; mpirun forwards them with -x.
 FORWARDED_PREFIXES = ("HOROVOD_", "HVDTRAIN_", "PYTHON", "OMPI_MCA_", "TF_", "CUDA_", "NCCL_")
+# As horovodrun does: ranks on other hosts find the same programs and libraries.
+FORWARDED_NAMES = ("PATH", "LD_LIBRARY_PATH")
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TF_NUM_INTRAOP_THREADS")
 
 
@@ -72,24 +74,56 @@ def mpirun_command(program: Sequence[str], hosts: Optional[List[Host]] = None, n
     if len(hosts) == 1 and world_size > (os.cpu_count() or 1):
         command.append("--oversubscribe")
     for name in sorted(env or {}):
-        if name in THREAD_VARIABLES or name.startswith(FORWARDED_PREFIXES):
+        if name in THREAD_VARIABLES or name in FORWARDED_NAMES or name.startswith(FORWARDED_PREFIXES):
             command += ["-x", name]
     return command + list(extra_args) + list(program)
 
 
 def run(command, env=None, timeout=None, capture=False):
-    """Run a launcher command in its own process group; on timeout, kill the whole group (the
-    ranks too) and raise subprocess.TimeoutExpired."""
+    """Run a launcher command in a session of its own; on timeout or Ctrl-C, stop the whole job
+    (see `stop`) and raise subprocess.TimeoutExpired or KeyboardInterrupt."""
     process = subprocess.Popen(command, env=env, start_new_session=True, text=True,
                                stdout=subprocess.PIPE if capture else None,
                                stderr=subprocess.STDOUT if capture else None)
     try:
         output, _ = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
+        stop(process)
         output, _ = process.communicate()
         raise subprocess.TimeoutExpired(command, timeout, output=output) from None
     except KeyboardInterrupt:
-        os.killpg(process.pid, signal.SIGKILL)
+        stop(process)
         raise
     return subprocess.CompletedProcess(command, process.returncode, output, None)
+
+
+def stop(process, grace_s=5.0):
+    """Stop a job started by `run`: SIGTERM lets mpirun stop its ranks everywhere; whatever is
+    left after `grace_s` is killed. The local ranks sit in mpirun's session but each in a process
+    group of its own, so they are found by session, not by group."""
+    process.terminate()
+    try:
+        process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+    for pid in ([process.pid] if process.poll() is None else []) + session_members(process.pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def session_members(session_id):
+    """Pids of the processes in a session (Linux /proc; elsewhere none are found)."""
+    members = []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()  # state, ppid, pgrp, session, ...
+        except (OSError, IndexError):
+            continue
+        if int(fields[3]) == session_id:
+            members.append(int(entry))
+    return members

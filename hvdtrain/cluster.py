@@ -1,0 +1,121 @@
+"""Where the ranks run: the hosts of a cluster layout, and whether we already are inside a job.
+
+A layout (conf/cluster/*.yaml) says how many hosts and how many ranks (slots) per host. The host
+names come, in this order, from `cluster.hosts`, `cluster.hostfile`, or the Slurm allocation
+(SLURM_JOB_NODELIST, in Slurm's compressed form `node[01-04,07]`); a one-host layout without
+any of them runs on this machine.
+"""
+
+import os
+import re
+from pathlib import Path
+
+from hvdtrain.config import ConfigError
+from hvdtrain.launcher import Host
+
+
+def resolve_hosts(cluster, env=None):
+    """The layout's hosts, each with the layout's slots; ConfigError if they cannot be had."""
+    env = os.environ if env is None else env
+    source, offered = _offered_hosts(cluster, env)
+    if source is None:
+        if cluster.num_hosts > 1:
+            raise ConfigError(
+                f"cluster={cluster.name} needs {cluster.num_hosts} hosts but none were given: set "
+                f"cluster.hosts=[host1,host2,...], cluster.hostfile=PATH, or run inside a Slurm allocation")
+        source, offered = "this machine", [("localhost", None)]
+    if len(offered) < cluster.num_hosts:
+        raise ConfigError(
+            f"cluster={cluster.name} needs {cluster.num_hosts} hosts but {source} gives {len(offered)}: "
+            f"{', '.join(name for name, _ in offered)}")
+    hosts = offered[:cluster.num_hosts]
+    for name, slots in hosts:
+        if slots is not None and slots < cluster.slots:
+            raise ConfigError(
+                f"cluster={cluster.name} asks {cluster.slots} slots (ranks) per host but host {name} offers "
+                f"{slots} (from {source}); use a layout with fewer slots or set cluster.slots={slots}")
+    return [Host(name, cluster.slots) for name, _ in hosts]
+
+
+def _offered_hosts(cluster, env):
+    """(where the hosts come from, [(name, slots or None)]), or (None, []) when nothing names any."""
+    if cluster.hosts:
+        return "cluster.hosts", [_host_entry(entry, "cluster.hosts") for entry in cluster.hosts]
+    if cluster.hostfile:
+        return f"cluster.hostfile={cluster.hostfile}", read_hostfile(cluster.hostfile)
+    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    if nodelist:
+        names = expand_nodelist(nodelist)
+        counts = env.get("SLURM_TASKS_PER_NODE")
+        slots = expand_counts(counts) if counts else [None] * len(names)
+        return f"the Slurm allocation {nodelist}", list(zip(names, slots))
+    return None, []
+
+
+def _host_entry(entry, where):
+    name, _, slots = str(entry).strip().partition(":")
+    if not name or (slots and not slots.isdigit()):
+        raise ConfigError(f"{where}: {entry!r} is not a host; allowed: 'name' or 'name:slots'")
+    return name, int(slots) if slots else None
+
+
+def read_hostfile(path):
+    """Hosts of an MPI hostfile: one per line, `name`, `name slots=N` or `name:N`; # comments."""
+    if not Path(path).is_file():
+        raise ConfigError(f"cluster.hostfile={path!r}: no such file")
+    hosts = []
+    for line in Path(path).read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        name, *options = line.split()
+        slots = next((option.split("=", 1)[1] for option in options if option.startswith("slots=")), None)
+        entry = f"{name}:{slots}" if slots is not None else name
+        hosts.append(_host_entry(entry, f"cluster.hostfile={path}"))
+    return hosts
+
+
+def expand_nodelist(nodelist):
+    """Slurm's compressed host list to names: 'gpu[01-03,07],login' -> gpu01 gpu02 gpu03 gpu07 login.
+    Several bracket groups in one name expand to every combination, as Slurm does."""
+    names = []
+    for item in re.findall(r"(?:[^,\[]|\[[^\]]*\])+", nodelist):
+        expanded = [""]
+        for text, ranges in re.findall(r"([^\[]*)(?:\[([^\]]*)\])?", item):
+            expanded = [done + text + number for done in expanded for number in _expand_ranges(ranges)]
+        names.extend(expanded)
+    return names
+
+
+def _expand_ranges(ranges):
+    if not ranges:
+        return [""]
+    numbers = []
+    for part in ranges.split(","):
+        low, _, high = part.partition("-")
+        width = len(low)
+        numbers.extend(f"{n:0{width}d}" for n in range(int(low), int(high or low) + 1))
+    return numbers
+
+
+def expand_counts(counts):
+    """Slurm's compressed counts per node: '4(x2),2' -> [4, 4, 2]."""
+    result = []
+    for part in counts.split(","):
+        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if match is None:
+            raise ConfigError(f"cannot read the Slurm task counts {counts!r}")
+        result += [int(match.group(1))] * int(match.group(2) or 1)
+    return result
+
+
+def inside_existing_job(env=None):
+    """Whether this process already is a rank of an MPI job (started by mpirun, or by srun with
+    several tasks). A single-task srun step (an interactive shell) is not a job to train in:
+    from there, hvdtrain launches its own."""
+    env = os.environ if env is None else env
+    if any(name in env for name in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMI_RANK")):
+        return True
+    if "PMIX_RANK" in env or ("SLURM_STEP_ID" in env and "SLURM_PROCID" in env):
+        return int(env.get("SLURM_STEP_NUM_TASKS", "2")) > 1
+    return False

@@ -1,0 +1,273 @@
+"""The typed schema of a run's configuration, and the checks that stop a bad one before launch.
+
+Hydra composes `conf/config.yaml`, the config groups in `conf/` and one recipe from `recipes/`
+onto `RunConfig`; OmegaConf rejects unknown keys and wrongly typed values while composing,
+and `validate` rejects values that are well typed but wrong (a negative LR, a warmup longer
+than training, a data root that is not there), naming the key and what is allowed.
+"""
+
+import hashlib
+import importlib.util
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import List, Optional
+
+from omegaconf import MISSING, OmegaConf
+
+from hvdtrain import tasks
+
+REPO = Path(__file__).resolve().parent.parent
+CONF_DIR = REPO / "conf"
+RECIPES_DIR = REPO / "recipes"
+
+FRAMEWORKS = ("torch", "tensorflow")
+TARGET_METRICS = ("val_top1", "val_top5")  # accuracies in percent: higher is better
+DECAYS = ("constant", "step", "multistep", "cosine", "poly")
+WEIGHT_DECAY_EXCLUSIONS = ("bn", "bias")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass
+class TargetConfig:
+    metric: str = MISSING  # one of TARGET_METRICS
+    value: float = MISSING
+    source: str = MISSING  # where the published number comes from
+
+
+@dataclass
+class RecipeConfig:
+    name: str = MISSING
+    framework: str = "torch"
+    description: str = ""
+    target: Optional[TargetConfig] = None
+
+
+@dataclass
+class ClusterConfig:
+    name: str = MISSING
+    num_hosts: int = 1
+    slots: int = 1  # ranks per host
+    hosts: List[str] = field(default_factory=list)  # "name" or "name:slots"
+    hostfile: Optional[str] = None
+    mpirun_args: List[str] = field(default_factory=list)
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+    num_classes: int = 1000
+    zero_init_residual: bool = False  # Goyal et al.: gamma = 0 in the last BN of every residual block
+
+
+@dataclass
+class DataConfig:
+    source: str = MISSING
+    root: Optional[str] = None
+    train_size: Optional[int] = None  # synthetic: generated; otherwise: expected, for the plan (null: unknown)
+    val_size: Optional[int] = None
+    image_size: int = 224
+    resize_size: int = 256  # validation images are resized to this, then center-cropped to image_size
+    loader_workers: int = 0
+
+
+@dataclass
+class OptimizerConfig:
+    name: str = "sgd"
+    base_lr: float = 0.1  # the LR for base_batch_size; scaled linearly to the global batch
+    base_batch_size: int = 256
+    momentum: float = 0.9
+    nesterov: bool = False
+    weight_decay: float = 0.0001
+    exclude_from_weight_decay: List[str] = field(default_factory=list)  # of "bn", "bias"
+    momentum_correction: bool = True
+
+
+@dataclass
+class ScheduleConfig:
+    warmup_epochs: float = 0.0  # gradual, per iteration, from base_lr to the peak LR
+    decay: str = "constant"
+    milestones: List[float] = field(default_factory=list)  # multistep: epochs where the LR is multiplied by gamma
+    step_epochs: float = 30.0  # step: the LR is multiplied by gamma every step_epochs
+    gamma: float = 0.1
+    power: float = 2.0  # poly
+    final_lr: float = 0.0  # cosine and poly end here
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 1
+    batch_size: int = 32  # per worker and backward pass
+    backward_passes_per_step: int = 1
+    autocast: bool = False
+    device: str = "auto"
+    seed: int = 0
+    log_every_steps: int = 10
+    eval_every_epochs: int = 1
+    checkpoint_every_steps: int = 0  # 0: at the end of each epoch only
+    keep_checkpoints: int = 3
+
+
+@dataclass
+class RunConfig:
+    recipe: RecipeConfig = field(default_factory=RecipeConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    dry_run: bool = False
+    resume: Optional[str] = None  # a run directory to continue
+
+
+class ConfigError(ValueError):
+    """A config value that cannot run; the message names the key and what is allowed."""
+
+
+def register_configs():
+    """Put the schema and every recipe into Hydra's ConfigStore. The recipes live in `recipes/`
+    (not under `conf/`) and are offered as the group `recipe`; each one is global, so that it
+    can set any key and choose the other groups (`override /model: resnet50`)."""
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    store.store(name="run_schema", node=RunConfig)
+    for path in sorted(RECIPES_DIR.glob("*.yaml")):
+        store.store(group="recipe", name=path.stem, node=OmegaConf.load(path), package="_global_")
+
+
+def typed(config):
+    """A plain config (a dict, or a loaded YAML) checked against and typed by the schema."""
+    return OmegaConf.merge(OmegaConf.structured(RunConfig), config)
+
+
+def load_run_config(path):
+    """A run directory's resolved config.yaml, typed by the schema."""
+    return typed(OmegaConf.load(path))
+
+
+def claim_run_dir(cfg, run_dir):
+    """Make `run_dir` this run's by writing the resolved config.yaml into it (which every rank
+    then loads); a resumed run has one already, a new run must not take another's directory."""
+    if cfg.resume:
+        return
+    if (run_dir / "config.yaml").exists():
+        raise ConfigError(f"the run directory {run_dir} already holds a run: continue it with resume={run_dir}, "
+                          f"or give another hydra.run.dir")
+    OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+
+
+def config_hash(cfg):
+    """Identifies what a checkpoint was trained with: everything but where and how it was launched."""
+    training = {key: value for key, value in OmegaConf.to_container(cfg, resolve=True).items()
+                if key not in ("cluster", "dry_run", "resume")}
+    return hashlib.sha256(OmegaConf.to_yaml(OmegaConf.create(training)).encode()).hexdigest()[:16]
+
+
+def validate(cfg):
+    """Raise ConfigError listing every value in `cfg` that cannot run."""
+    problems = []
+
+    def check(ok, key, message):
+        if not ok:
+            value = OmegaConf.select(cfg, key, throw_on_missing=False)
+            problems.append(f"{key}={value!r}: {message}")
+
+    for section in ("recipe", "cluster", "model", "data", "optimizer", "schedule", "train"):
+        for key in _missing_keys(cfg[section], section):
+            problems.append(f"{key} is not set: the recipe or the command line must give it")
+    if problems:
+        raise ConfigError(_listing(problems))
+
+    recipe, model, data, optimizer, schedule, train = (
+        cfg.recipe, cfg.model, cfg.data, cfg.optimizer, cfg.schedule, cfg.train)
+    check(recipe.framework in FRAMEWORKS, "recipe.framework", f"allowed: {', '.join(FRAMEWORKS)}")
+    check(recipe.framework not in FRAMEWORKS or importlib.util.find_spec(f"hvdtrain.train_{recipe.framework}"),
+          "recipe.framework", f"no training loop for it yet (hvdtrain/train_{recipe.framework}.py)")
+    if recipe.target is not None:
+        check(recipe.target.metric in TARGET_METRICS, "recipe.target.metric", f"allowed: {', '.join(TARGET_METRICS)}")
+
+    check(cfg.cluster.num_hosts >= 1, "cluster.num_hosts", "must be at least 1")
+    check(cfg.cluster.slots >= 1, "cluster.slots", "must be at least 1 rank per host")
+
+    check(model.name in tasks.MODELS, "model.name", f"unknown model; allowed: {', '.join(tasks.MODELS)}")
+    check(model.num_classes >= 2, "model.num_classes", "must be at least 2")
+    check(not model.zero_init_residual or model.name in tasks.RESIDUAL_MODELS, "model.zero_init_residual",
+          f"applies to residual networks only ({', '.join(tasks.RESIDUAL_MODELS)}), not {model.name}")
+
+    check(data.source in tasks.DATA_SOURCES, "data.source", f"allowed: {', '.join(tasks.DATA_SOURCES)}")
+    if model.name in tasks.MODELS and data.source in tasks.DATA_SOURCES:
+        check(tasks.MODELS[model.name] == tasks.DATA_SOURCES[data.source], "data.source",
+              f"gives {tasks.DATA_SOURCES[data.source]} inputs but model {model.name} takes "
+              f"{tasks.MODELS[model.name]} inputs; data sources for it: "
+              f"{', '.join(s for s, kind in tasks.DATA_SOURCES.items() if kind == tasks.MODELS[model.name])}")
+    if data.source == "imagefolder":
+        problems += _image_folder_problems(data.root)
+    if data.source == "synthetic":
+        check(data.train_size is not None, "data.train_size", "synthetic data needs the number of samples to make")
+        check(data.val_size is not None, "data.val_size", "synthetic data needs the number of samples to make")
+    if data.source == "digits":
+        check(model.num_classes == 10, "model.num_classes", "the digits data set has 10 classes")
+    check(data.train_size is None or data.train_size >= 1, "data.train_size", "must be a positive number or null")
+    check(data.val_size is None or data.val_size >= 0, "data.val_size", "must be a number (0: no validation) or null")
+    if tasks.DATA_SOURCES.get(data.source) == "image":
+        smallest = tasks.MIN_IMAGE_SIZE.get(model.name, tasks.DEFAULT_MIN_IMAGE_SIZE)
+        check(data.image_size >= smallest, "data.image_size", f"{model.name} needs images of at least {smallest} pixels")
+        check(data.resize_size >= data.image_size, "data.resize_size", "must be at least data.image_size")
+    check(data.loader_workers >= 0, "data.loader_workers", "must be 0 (load in the training process) or more")
+
+    check(optimizer.name == "sgd", "optimizer.name", "allowed: sgd")
+    check(optimizer.base_lr > 0, "optimizer.base_lr", "must be a positive learning rate")
+    check(optimizer.base_batch_size >= 1, "optimizer.base_batch_size", "must be a positive batch size")
+    check(0 <= optimizer.momentum < 1, "optimizer.momentum", "must be in [0, 1)")
+    check(not optimizer.nesterov or optimizer.momentum > 0, "optimizer.nesterov", "needs optimizer.momentum > 0")
+    check(optimizer.weight_decay >= 0, "optimizer.weight_decay", "must not be negative")
+    check(set(optimizer.exclude_from_weight_decay) <= set(WEIGHT_DECAY_EXCLUSIONS), "optimizer.exclude_from_weight_decay",
+          f"allowed entries: {', '.join(WEIGHT_DECAY_EXCLUSIONS)}")
+
+    check(train.epochs >= 1, "train.epochs", "must be at least 1")
+    check(0 <= schedule.warmup_epochs <= train.epochs, "schedule.warmup_epochs",
+          f"must be between 0 and the length of training (train.epochs={train.epochs})")
+    check(schedule.decay in DECAYS, "schedule.decay", f"allowed: {', '.join(DECAYS)}")
+    milestones = list(schedule.milestones)
+    check(all(m > 0 for m in milestones) and milestones == sorted(set(milestones)), "schedule.milestones",
+          "must be positive epochs in increasing order")
+    check(schedule.decay != "multistep" or milestones, "schedule.milestones", "multistep decay needs milestones")
+    check(0 < schedule.gamma <= 1, "schedule.gamma", "must be in (0, 1]")
+    check(schedule.step_epochs > 0, "schedule.step_epochs", "must be positive")
+    check(schedule.power > 0, "schedule.power", "must be positive")
+    check(schedule.final_lr >= 0, "schedule.final_lr", "must not be negative")
+
+    check(train.batch_size >= 1, "train.batch_size", "must be a positive number of samples per worker")
+    check(train.backward_passes_per_step >= 1, "train.backward_passes_per_step", "must be at least 1")
+    check(train.device in DEVICES, "train.device", f"allowed: {', '.join(DEVICES)}")
+    check(train.log_every_steps >= 1, "train.log_every_steps", "must be at least 1")
+    check(train.eval_every_epochs >= 1, "train.eval_every_epochs", "must be at least 1")
+    check(train.checkpoint_every_steps >= 0, "train.checkpoint_every_steps", "must be 0 (epoch ends only) or more")
+    check(train.keep_checkpoints >= 1, "train.keep_checkpoints", "must keep at least 1")
+    if problems:
+        raise ConfigError(_listing(problems))
+
+
+def _image_folder_problems(root):
+    if root is None:
+        return ["data.root is not set: pass data.root=/path/to/data (a directory holding train/ and val/)"]
+    missing = [split for split in ("train", "val") if not (Path(root) / split).is_dir()]
+    if missing:
+        return [f"data.root={root!r}: has no {' and no '.join(s + '/' for s in missing)} directory "
+                f"(an ImageFolder tree needs {Path(root) / 'train'} and {Path(root) / 'val'})"]
+    return []
+
+
+def _missing_keys(node, prefix):
+    for key in node:
+        if OmegaConf.is_missing(node, key):
+            yield f"{prefix}.{key}"
+        elif OmegaConf.is_dict(node[key]):
+            yield from _missing_keys(node[key], f"{prefix}.{key}")
+
+
+def _listing(problems):
+    if len(problems) == 1:
+        return f"invalid config: {problems[0]}"
+    return "invalid config:\n" + "\n".join(f"  {p}" for p in problems)

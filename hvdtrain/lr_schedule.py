@@ -1,0 +1,30 @@
+"""The learning rate as a function of how far training has got, in epochs (fractional).
+
+Warmup (Goyal et al. 2017, "gradual warmup"): from the base LR at the first iteration up to the
+peak LR, by the same amount every iteration, over `warmup_epochs`. Then the decay: step and
+multistep count epochs from the start of training (as the published schedules do), cosine and
+poly run from the end of the warmup to the end of training.
+"""
+
+import math
+
+
+def learning_rate(progress, schedule, base_lr, peak_lr, epochs):
+    """The LR at `progress` epochs into training (epoch + step / steps_per_epoch)."""
+    if progress < schedule.warmup_epochs:
+        return base_lr + (peak_lr - base_lr) * progress / schedule.warmup_epochs
+    if schedule.decay == "constant":
+        return peak_lr
+    if schedule.decay == "step":
+        return peak_lr * schedule.gamma ** math.floor(progress / schedule.step_epochs)
+    if schedule.decay == "multistep":
+        return peak_lr * schedule.gamma ** sum(progress >= milestone for milestone in schedule.milestones)
+    remaining = (progress - schedule.warmup_epochs) / max(epochs - schedule.warmup_epochs, 1e-12)
+    remaining = min(max(remaining, 0.0), 1.0)
+    if schedule.decay == "cosine":
+        shape = 0.5 * (1 + math.cos(math.pi * remaining))
+    elif schedule.decay == "poly":
+        shape = (1 - remaining) ** schedule.power
+    else:
+        raise ValueError(f"schedule.decay={schedule.decay!r} is not a known decay")
+    return schedule.final_lr + (peak_lr - schedule.final_lr) * shape

@@ -1,0 +1,87 @@
+"""The plan of a run, derived once from its config and hosts: world size, global batch, the
+linearly scaled LR (Goyal et al. 2017), warmup and steps per epoch. `hvdtrain ... dry_run=true`
+prints it as JSON; the workers derive the same numbers from the same functions.
+"""
+
+from dataclasses import asdict, dataclass, field
+from typing import List, Optional
+
+from hvdtrain.config import ConfigError
+from hvdtrain.launcher import Host
+
+
+@dataclass(frozen=True)
+class Plan:
+    world_size: int
+    hosts: List[Host]
+    per_worker_batch_size: int
+    backward_passes_per_step: int
+    global_batch_size: int
+    base_lr: float
+    base_batch_size: int
+    peak_lr: float
+    warmup_epochs: float
+    epochs: int
+    steps_per_epoch: Optional[int]
+    launch_command: List[str] = field(default_factory=list)
+
+    def as_json(self):
+        return asdict(self)
+
+
+def make_plan(cfg, hosts, launch_command=(), train_size=None):
+    """The plan for `cfg` on `hosts`. `train_size` is the number of training samples when the
+    data is loaded; before that, the data config's expected size (or unknown)."""
+    world_size = sum(host.slots for host in hosts)
+    samples_per_step = cfg.train.batch_size * cfg.train.backward_passes_per_step
+    global_batch = world_size * samples_per_step
+    if train_size is None:
+        train_size = cfg.data.train_size
+    steps = None if train_size is None else steps_per_epoch(train_size, world_size, samples_per_step)
+    if steps == 0:
+        raise ConfigError(
+            f"data.train_size={train_size}: fewer training samples than one global batch ({global_batch} = "
+            f"{world_size} ranks x train.batch_size={cfg.train.batch_size} x "
+            f"train.backward_passes_per_step={cfg.train.backward_passes_per_step})")
+    return Plan(
+        world_size=world_size,
+        hosts=list(hosts),
+        per_worker_batch_size=cfg.train.batch_size,
+        backward_passes_per_step=cfg.train.backward_passes_per_step,
+        global_batch_size=global_batch,
+        base_lr=cfg.optimizer.base_lr,
+        base_batch_size=cfg.optimizer.base_batch_size,
+        peak_lr=cfg.optimizer.base_lr * global_batch / cfg.optimizer.base_batch_size,
+        warmup_epochs=cfg.schedule.warmup_epochs,
+        epochs=cfg.train.epochs,
+        steps_per_epoch=steps,
+        launch_command=list(launch_command),
+    )
+
+
+def steps_per_epoch(train_size, world_size, samples_per_step):
+    """Optimizer steps per epoch. Every rank takes the same whole number of samples (see
+    sharding.py) and only full global batches are trained, as with drop_last."""
+    return (train_size // world_size) // samples_per_step
+
+
+def summary(plan, cfg, run_dir):
+    """The one-screen overview printed when a run starts."""
+    hosts = ", ".join(f"{h.host}:{h.slots}" for h in plan.hosts)
+    target = cfg.recipe.target
+    steps = "unknown until the data is loaded" if plan.steps_per_epoch is None else plan.steps_per_epoch
+    decay = cfg.schedule.decay + (f" at epochs {list(cfg.schedule.milestones)}" if cfg.schedule.decay == "multistep" else "")
+    lines = [
+        f"hvdtrain: recipe {cfg.recipe.name} ({cfg.recipe.framework}) -- {cfg.recipe.description}".rstrip(" -"),
+        f"  model        {cfg.model.name}, {cfg.model.num_classes} classes",
+        f"  data         {cfg.data.source}" + (f" at {cfg.data.root}" if cfg.data.root else ""),
+        f"  cluster      {cfg.cluster.name}: {plan.world_size} ranks on {hosts}",
+        f"  batch        {plan.per_worker_batch_size} per worker x {plan.backward_passes_per_step} backward passes"
+        f" x {plan.world_size} ranks = {plan.global_batch_size} per step",
+        f"  LR           {plan.base_lr:g} per {plan.base_batch_size} samples -> peak {plan.peak_lr:g}"
+        f" (linear scaling), warmup {plan.warmup_epochs:g} epochs, then {decay}",
+        f"  training     {plan.epochs} epochs x {steps} steps",
+        f"  target       " + (f"{target.metric} {target.value:g} ({target.source})" if target else "none"),
+        f"  run dir      {run_dir}",
+    ]
+    return "\n".join(lines)

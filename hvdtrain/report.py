@@ -1,0 +1,116 @@
+"""What a finished run leaves behind for people: results.json, report.md with its plots, and the
+closing summary on the console. Framework-neutral: it reads metrics.jsonl and plain numbers.
+"""
+
+import json
+from pathlib import Path
+
+from hvdtrain.run_log import read_history
+
+
+def write_results(run_dir, cfg, plan, epochs_completed, metrics, wall_time_s, samples_per_s):
+    target = cfg.recipe.target
+    achieved = None if target is None else metrics.get(target.metric)
+    results = {
+        "recipe": cfg.recipe.name,
+        "framework": cfg.recipe.framework,
+        "world_size": plan.world_size,
+        "global_batch_size": plan.global_batch_size,
+        "peak_lr": plan.peak_lr,
+        "epochs_completed": epochs_completed,
+        "metrics": metrics,
+        "target": None if target is None else {"metric": target.metric, "value": target.value, "source": target.source},
+        "target_reached": None if achieved is None else achieved >= target.value,
+        "wall_time_s": wall_time_s,
+        "samples_per_s": samples_per_s,
+    }
+    (Path(run_dir) / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    return results
+
+
+def write_report(run_dir, cfg, plan, results):
+    """report.md: the plan, the result against the target, and the curves as PNG plots."""
+    run_dir = Path(run_dir)
+    plots = _plot_history(read_history(run_dir / "metrics.jsonl"), cfg.recipe.target, run_dir)
+    target = results["target"]
+    lines = [
+        f"# {cfg.recipe.name}: {cfg.recipe.description}".rstrip(": "),
+        "",
+        "| | |",
+        "|---|---|",
+        f"| model | {cfg.model.name} ({cfg.model.num_classes} classes) |",
+        f"| data | {cfg.data.source}{' at ' + cfg.data.root if cfg.data.root else ''} |",
+        f"| ranks | {plan.world_size} on {', '.join(f'{h.host}:{h.slots}' for h in plan.hosts)} |",
+        f"| global batch | {plan.global_batch_size} ({plan.per_worker_batch_size} per worker x "
+        f"{plan.backward_passes_per_step} backward passes) |",
+        f"| LR | {plan.base_lr:g} per {plan.base_batch_size} -> peak {plan.peak_lr:g}, "
+        f"warmup {plan.warmup_epochs:g} epochs, {cfg.schedule.decay} decay |",
+        f"| epochs | {results['epochs_completed']} of {plan.epochs} |",
+        f"| wall time | {results['wall_time_s']:.1f} s, {results['samples_per_s']:.1f} samples/s |",
+        "",
+        "## Result",
+        "",
+    ]
+    lines += [f"- {name}: {value:.4g}" for name, value in results["metrics"].items()] or ["- no validation"]
+    if target is not None:
+        achieved = results["metrics"].get(target["metric"])
+        verdict = "not measured" if achieved is None else "reached" if results["target_reached"] else "not reached"
+        lines += ["", f"Target: {target['metric']} {target['value']:g} ({target['source']}): **{verdict}**."]
+    lines += [""] + [f"![{name}]({name}.png)" for name in plots]
+    lines += ["", "Files: `config.yaml` (the resolved config), `metrics.jsonl`, `results.json`, `checkpoints/`, "
+                  f"`tensorboard/` (`tensorboard --logdir {run_dir / 'tensorboard'}`)."]
+    (run_dir / "report.md").write_text("\n".join(lines) + "\n")
+
+
+def _plot_history(history, target, run_dir):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    train = [r for r in history if r["event"] == "train"]
+    evals = [r for r in history if r["event"] == "eval"]
+    curves = {
+        "loss": [("train loss", train, "loss"), ("validation loss", evals, "val_loss")],
+        "accuracy": [("validation top-1 %", evals, "val_top1"), ("validation top-5 %", evals, "val_top5")],
+        "lr": [("learning rate", train, "lr")],
+    }
+    written = []
+    for name, series in curves.items():
+        series = [(label, [r for r in records if key in r], key) for label, records, key in series]
+        if not any(records for _, records, _ in series):
+            continue
+        figure, axes = plt.subplots(figsize=(7, 4))
+        for label, records, key in series:
+            if records:
+                axes.plot([r["step"] for r in records], [r[key] for r in records], label=label,
+                          marker="o" if key.startswith("val_") else None)
+        if name == "accuracy" and target is not None:
+            axes.axhline(target.value, color="red", linestyle="--", label=f"target {target.metric} {target.value:g}")
+        axes.set_xlabel("step")
+        axes.set_title(name)
+        axes.legend()
+        axes.grid(alpha=0.3)
+        figure.tight_layout()
+        figure.savefig(run_dir / f"{name}.png", dpi=100)
+        plt.close(figure)
+        written.append(name)
+    return written
+
+
+def final_summary(results, run_dir):
+    """The lines printed at the end: achieved vs target, and where everything is."""
+    run_dir = Path(run_dir)
+    lines = [f"hvdtrain: {results['recipe']} finished {results['epochs_completed']} epochs on {results['world_size']} "
+             f"ranks in {results['wall_time_s']:.1f} s ({results['samples_per_s']:.0f} samples/s)"]
+    target = results["target"]
+    for name, value in results["metrics"].items():
+        line = f"  {name:<12} {value:.4g}"
+        if target is not None and name == target["metric"]:
+            line += (f"   target {target['value']:g}: {'reached' if results['target_reached'] else 'NOT reached'}"
+                     f" ({target['source']})")
+        lines.append(line)
+    lines += [f"  results      {run_dir / 'results.json'}",
+              f"  report       {run_dir / 'report.md'}",
+              f"  tensorboard  tensorboard --logdir {run_dir / 'tensorboard'}"]
+    return "\n".join(lines)

@@ -1,0 +1,88 @@
+"""The data sources of the catalog (tasks/__init__.py), as PyTorch datasets.
+
+A sample is asked for by a key (index, seed): the seed drives that sample's random augmentation,
+so the same sample in the same epoch looks the same however the epoch is split into runs, ranks
+or loader processes (see sharding.py).
+"""
+
+from pathlib import Path
+
+import numpy as np
+import torch
+import torchvision
+from torch.utils.data import Dataset
+from torchvision import transforms
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+DIGITS_SPLIT_SEED = 0  # the split is part of the data set, not of a run's randomness
+SYNTHETIC_POOL = 64  # distinct random images; synthetic samples repeat them
+
+
+def build_datasets(data_cfg, num_classes, seed):
+    """(training set, validation set) for the data config."""
+    if data_cfg.source == "digits":
+        return _digits(data_cfg.val_size)
+    if data_cfg.source == "synthetic":
+        shape = (3, data_cfg.image_size, data_cfg.image_size)
+        return (SyntheticImages(data_cfg.train_size, shape, num_classes, seed),
+                SyntheticImages(data_cfg.val_size, shape, num_classes, seed + 1))
+    normalize = transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)
+    train = SeededImageFolder(Path(data_cfg.root) / "train", transforms.Compose([
+        transforms.RandomResizedCrop(data_cfg.image_size), transforms.RandomHorizontalFlip(),
+        transforms.ToTensor(), normalize]))
+    val = SeededImageFolder(Path(data_cfg.root) / "val", transforms.Compose([
+        transforms.Resize(data_cfg.resize_size), transforms.CenterCrop(data_cfg.image_size),
+        transforms.ToTensor(), normalize]))
+    if train.classes != val.classes or len(train.classes) != num_classes:
+        raise ValueError(f"data.root={data_cfg.root}: train/ has {len(train.classes)} classes and val/ has "
+                         f"{len(val.classes)}, the model has {num_classes} (model.num_classes); they must agree")
+    return train, val
+
+
+class TensorSamples(Dataset):
+    """Samples held in memory; they have no random augmentation, so the seed is unused."""
+
+    def __init__(self, inputs, labels):
+        self.inputs, self.labels = inputs, labels
+
+    def __len__(self):
+        return len(self.labels)
+
+    def __getitem__(self, key):
+        index, _seed = key
+        return self.inputs[index], self.labels[index]
+
+
+class SyntheticImages(Dataset):
+    def __init__(self, size, shape, num_classes, seed):
+        generator = torch.Generator().manual_seed(seed)
+        self.size = size
+        self.images = torch.randn((SYNTHETIC_POOL, *shape), generator=generator)
+        self.labels = torch.randint(num_classes, (SYNTHETIC_POOL,), generator=generator)
+
+    def __len__(self):
+        return self.size
+
+    def __getitem__(self, key):
+        index, _seed = key
+        return self.images[index % SYNTHETIC_POOL], self.labels[index % SYNTHETIC_POOL]
+
+
+class SeededImageFolder(torchvision.datasets.ImageFolder):
+    def __getitem__(self, key):
+        index, seed = key
+        with torch.random.fork_rng(devices=[]):  # torchvision's random transforms draw from torch's generator
+            torch.manual_seed(seed)
+            return super().__getitem__(index)
+
+
+def _digits(val_size):
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    images = torch.tensor(digits.images / 16.0, dtype=torch.float32).unsqueeze(1)  # N x 1 x 8 x 8 in [0, 1]
+    labels = torch.tensor(digits.target, dtype=torch.int64)
+    order = torch.from_numpy(np.random.default_rng(DIGITS_SPLIT_SEED).permutation(len(labels)))
+    val, train = order[:val_size], order[val_size:]
+    return TensorSamples(images[train], labels[train]), TensorSamples(images[val], labels[val])

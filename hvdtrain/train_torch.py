@@ -1,0 +1,281 @@
+"""Data-parallel training with PyTorch on `hvdtrain.torch`, written as a Horovod user writes it.
+
+Every rank runs `train(cfg, run_dir)`: init -> build the task (model, sharded data) -> start from
+rank 0's weights, or from the newest valid checkpoint that rank 0 reads and broadcasts -> train
+with the DistributedOptimizer -> evaluate on sharded validation data with exactly reduced sums ->
+rank 0 logs, checkpoints and reports. Everything that is not PyTorch (plan, sharding, LR
+schedule, checkpoint files, logs, report) lives in framework-neutral modules, for a sibling loop
+(train_tensorflow.py) to use as well.
+"""
+
+import collections
+import io
+import socket
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader
+
+import hvdtrain.torch as hvd
+from hvdtrain import checkpoint, sharding
+from hvdtrain.config import config_hash
+from hvdtrain.launcher import Host
+from hvdtrain.lr_schedule import learning_rate
+from hvdtrain.plan import make_plan, summary
+from hvdtrain.report import final_summary, write_report, write_results
+from hvdtrain.run_log import RunLog
+from hvdtrain.tasks.data_torch import build_datasets
+from hvdtrain.tasks.models_torch import build_model
+
+
+def train(cfg, run_dir):
+    session_start = time.time()
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    device = _device(cfg.train.device)
+    torch.manual_seed(cfg.train.seed)
+    train_set, val_set = build_datasets(cfg.data, cfg.model.num_classes, cfg.train.seed)
+    plan = make_plan(cfg, _hosts(), train_size=len(train_set))
+    steps, epochs = plan.steps_per_epoch, cfg.train.epochs
+    passes = cfg.train.backward_passes_per_step
+    samples_per_step = cfg.train.batch_size * passes
+
+    model = build_model(cfg.model).to(device)
+    optimizer = torch.optim.SGD(_parameter_groups(model, cfg.optimizer), lr=plan.base_lr,
+                                momentum=cfg.optimizer.momentum, nesterov=cfg.optimizer.nesterov,
+                                weight_decay=cfg.optimizer.weight_decay)
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                         backward_passes_per_step=passes, op=hvd.Average)
+    scaler = torch.amp.GradScaler(device.type, enabled=cfg.train.autocast and device.type == "cuda")
+    start = _start(cfg, run_dir, model, optimizer, scaler)
+
+    log = None
+    if rank == 0:
+        print(summary(plan, cfg, run_dir), flush=True)
+        if start["global_step"]:
+            print(f"hvdtrain: resuming at epoch {start['epoch']}, step {start['step']} ({start['path']})", flush=True)
+        log = RunLog(run_dir, steps * epochs, start["global_step"], size)
+
+    global_step, metrics, lr = start["global_step"], start["metrics"], plan.base_lr
+    train_seconds, trained_steps = 0.0, 0
+    for epoch in range(start["epoch"], epochs):
+        model.train()
+        first = start["step"] if epoch == start["epoch"] else 0
+        shard = sharding.train_shard(len(train_set), cfg.train.seed, epoch, rank, size)
+        batches = iter(_loader(train_set, shard[first * samples_per_step:steps * samples_per_step],
+                               cfg, epoch, device))
+        window = _Window()
+        for step in range(first, steps):
+            began = time.perf_counter()
+            lr = learning_rate(epoch + step / steps, cfg.schedule, plan.base_lr, plan.peak_lr, epochs)
+            _set_learning_rate(optimizer, lr, cfg.optimizer.momentum_correction)
+            torch.manual_seed(sharding.step_seed(cfg.train.seed, rank, global_step))
+            loss = _train_step(model, optimizer, scaler, batches, passes, device, cfg.train.autocast)
+            global_step += 1
+            elapsed = time.perf_counter() - began
+            train_seconds, trained_steps = train_seconds + elapsed, trained_steps + 1
+            window.add(loss, elapsed)
+            if log:
+                log.advance()
+            if global_step % cfg.train.log_every_steps == 0 or step == steps - 1:
+                train_loss = hvd.allreduce(torch.tensor(window.mean_loss()), op=hvd.Average, name="train.loss").item()
+                if log:
+                    log.record(event="train", step=global_step, epoch=epoch + (step + 1) / steps, lr=lr,
+                               loss=train_loss, samples_per_s=window.steps * plan.global_batch_size / window.seconds)
+                window = _Window()
+            every = cfg.train.checkpoint_every_steps
+            if every and global_step % every == 0 and step < steps - 1:
+                _save(cfg, run_dir, model, optimizer, scaler, epoch, step + 1, global_step, metrics,
+                      start["elapsed_s"] + time.time() - session_start)
+
+        if ((epoch + 1) % cfg.train.eval_every_epochs == 0 or epoch + 1 == epochs) and len(val_set):
+            metrics = evaluate(model, val_set, cfg, device)
+            if log:  # the epoch's last step was logged just now: train_loss is its window's
+                log.record(event="eval", step=global_step, epoch=epoch + 1, lr=lr, loss=train_loss, **metrics)
+        _save(cfg, run_dir, model, optimizer, scaler, epoch + 1, 0, global_step, metrics,
+              start["elapsed_s"] + time.time() - session_start)
+
+    if log:
+        log.close()
+        samples_per_s = trained_steps * plan.global_batch_size / train_seconds if train_seconds else 0.0
+        results = write_results(run_dir, cfg, plan, epochs, metrics,
+                                start["elapsed_s"] + time.time() - session_start, samples_per_s)
+        write_report(run_dir, cfg, plan, results)
+        print(final_summary(results, run_dir), flush=True)
+
+
+def _train_step(model, optimizer, scaler, batches, passes, device, autocast):
+    """One optimizer step: `passes` backward passes, gradients averaged over the ranks, one update.
+    synchronize / skip_synchronize is Horovod's way to let GradScaler unscale the averaged
+    gradients before the update; without autocast on a GPU the scaler does nothing."""
+    optimizer.zero_grad()
+    total = 0.0
+    for _ in range(passes):
+        inputs, labels = next(batches)
+        with torch.autocast(device.type, dtype=_autocast_dtype(device), enabled=autocast):
+            loss = F.cross_entropy(model(inputs.to(device)), labels.to(device))
+        scaler.scale(loss / passes).backward()
+        total += loss.item()
+    optimizer.synchronize()
+    scaler.unscale_(optimizer)
+    with optimizer.skip_synchronize():
+        scaler.step(optimizer)
+    scaler.update()
+    return total / passes
+
+
+@torch.no_grad()
+def evaluate(model, val_set, cfg, device):
+    """Validation metrics over the whole validation set: each rank evaluates its shard and the
+    sums (loss, correct top-1, correct top-5, samples) are added up across ranks, exactly."""
+    _average_buffers(model)
+    model.eval()
+    totals = torch.zeros(4, dtype=torch.float64)
+    indices = sharding.eval_shard(len(val_set), hvd.rank(), hvd.size())
+    for inputs, labels in _loader(val_set, indices, cfg, None, device):
+        with torch.autocast(device.type, dtype=_autocast_dtype(device), enabled=cfg.train.autocast):
+            logits = model(inputs.to(device)).float()
+        labels = labels.to(device)
+        ranked = logits.topk(min(5, logits.shape[1]), dim=1).indices == labels[:, None]
+        totals += torch.tensor([F.cross_entropy(logits, labels, reduction="sum").item(),
+                                ranked[:, 0].sum().item(), ranked.any(dim=1).sum().item(), len(labels)],
+                               dtype=torch.float64)
+    loss, top1, top5, count = hvd.allreduce(totals, op=hvd.Sum, name="eval.totals").tolist()
+    model.train()
+    return {"val_loss": loss / count, "val_top1": 100.0 * top1 / count, "val_top5": 100.0 * top5 / count}
+
+
+def _average_buffers(model):
+    """Average BatchNorm's running statistics over the ranks (each saw different data), so that
+    every shard is evaluated, and every checkpoint saved, with one and the same model."""
+    handles = [hvd.allreduce_async_(buffer, op=hvd.Average, name=f"buffer.{name}")
+               for name, buffer in model.named_buffers() if buffer.is_floating_point()]
+    for handle in handles:
+        hvd.synchronize(handle)
+
+
+def _start(cfg, run_dir, model, optimizer, scaler):
+    """Where training starts: rank 0 reads the newest valid checkpoint, if any, and broadcasts it;
+    otherwise every rank takes rank 0's initial weights."""
+    fresh = {"epoch": 0, "step": 0, "global_step": 0, "metrics": {}, "elapsed_s": 0.0, "path": None}
+    state = None
+    if hvd.rank() == 0:
+        path, state = checkpoint.load_newest_valid(run_dir / "checkpoints", _decode)
+        if state is not None:
+            state["path"] = str(path)
+            problem = _mismatch(state, cfg, path)
+            state = RuntimeError(problem) if problem else state
+    state = hvd.broadcast_object(state, root_rank=0, name="checkpoint")
+    if isinstance(state, RuntimeError):
+        raise state
+    if state is None:
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        return fresh
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scaler.load_state_dict(state["scaler"])
+    return state
+
+
+def _mismatch(state, cfg, path):
+    if state["config_hash"] != config_hash(cfg):
+        return f"checkpoint {path} was written by a run with another config; it cannot be resumed with this one"
+    if state["world_size"] != hvd.size():
+        return (f"checkpoint {path} was written by {state['world_size']} ranks and this run has {hvd.size()}: "
+                f"resume on the same number of ranks")
+    return None
+
+
+def _save(cfg, run_dir, model, optimizer, scaler, epoch, step, global_step, metrics, elapsed_s):
+    """Checkpoint (on rank 0) the state before step `step` of `epoch`: everything a resumed run
+    needs to go on exactly as this one would (see sharding.py for why no RNG state is needed)."""
+    _average_buffers(model)
+    if hvd.rank() != 0:
+        return
+    state = {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scaler": scaler.state_dict(),
+        "epoch": epoch,
+        "step": step,
+        "global_step": global_step,
+        "samples_done_in_epoch": step * cfg.train.batch_size * cfg.train.backward_passes_per_step,
+        "seed": cfg.train.seed,
+        "world_size": hvd.size(),
+        "config_hash": config_hash(cfg),
+        "metrics": metrics,
+        "elapsed_s": elapsed_s,
+    }
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    checkpoint.save(run_dir / "checkpoints", global_step, buffer.getvalue(), cfg.train.keep_checkpoints)
+
+
+def _decode(data):
+    return torch.load(io.BytesIO(data), weights_only=True)
+
+
+def _parameter_groups(model, optimizer_cfg):
+    """Weight decay on every parameter except, as the recipe asks, BatchNorm's gamma and beta
+    ("bn") and the biases of other layers ("bias")."""
+    excluded = set(optimizer_cfg.exclude_from_weight_decay)
+    batch_norm = {id(p) for module in model.modules() if isinstance(module, torch.nn.modules.batchnorm._BatchNorm)
+                  for p in module.parameters(recurse=False)}
+    decayed, not_decayed = [], []
+    for name, p in model.named_parameters():
+        kind = "bn" if id(p) in batch_norm else "bias" if name.endswith("bias") else "weight"
+        (not_decayed if kind in excluded else decayed).append(p)
+    groups = [{"params": decayed}, {"params": not_decayed, "weight_decay": 0.0}]
+    return [group for group in groups if group["params"]]
+
+
+def _set_learning_rate(optimizer, lr, momentum_correction):
+    """PyTorch's SGD keeps the LR out of the momentum buffer (v <- m v + g; w <- w - lr v), which is
+    Goyal et al.'s momentum correction built in. Without the correction the buffer behaves as in
+    the form v <- m v + lr g, which after an LR change still carries the old LR: rescale it so."""
+    for group in optimizer.param_groups:
+        if not momentum_correction and group["lr"] != lr:
+            for p in group["params"]:
+                buffer = optimizer.state.get(p, {}).get("momentum_buffer")
+                if buffer is not None:
+                    buffer.mul_(group["lr"] / lr)
+        group["lr"] = lr
+
+
+def _loader(dataset, indices, cfg, epoch, device):
+    """Batches of `indices`; for training (`epoch` given) each sample carries its augmentation seed."""
+    keys = [(int(i), 0 if epoch is None else sharding.sample_seed(cfg.train.seed, epoch, i)) for i in indices]
+    batches = [keys[i:i + cfg.train.batch_size] for i in range(0, len(keys), cfg.train.batch_size)]
+    return DataLoader(dataset, batch_sampler=batches, num_workers=cfg.data.loader_workers,
+                      pin_memory=device.type == "cuda")
+
+
+def _device(choice):
+    if choice == "cuda" or (choice == "auto" and torch.cuda.is_available()):
+        torch.cuda.set_device(hvd.local_rank())
+        return torch.device("cuda", hvd.local_rank())
+    return torch.device("cpu")
+
+
+def _autocast_dtype(device):
+    return torch.float16 if device.type == "cuda" else torch.bfloat16
+
+
+def _hosts():
+    """The hosts of this job and the number of ranks on each, in rank order."""
+    counts = collections.Counter(hvd.allgather_object(socket.gethostname(), name="hostname"))
+    return [Host(name, slots) for name, slots in counts.items()]
+
+
+class _Window:
+    """Loss and time of the steps since the last log line."""
+
+    def __init__(self):
+        self.steps, self.loss, self.seconds = 0, 0.0, 0.0
+
+    def add(self, loss, seconds):
+        self.steps, self.loss, self.seconds = self.steps + 1, self.loss + loss, self.seconds + seconds
+
+    def mean_loss(self):
+        return self.loss / max(self.steps, 1)

@@ -1,0 +1,17 @@
+import pytest
+from PIL import Image
+
+
+@pytest.fixture(scope="session")
+def image_tree(tmp_path_factory):
+    """A tiny ImageFolder tree: train/ and val/ with 3 classes of 12x12 RGB images whose colour
+    says the class."""
+    root = tmp_path_factory.mktemp("images")
+    colours = {"red": (200, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 200)}
+    for split, count in (("train", 8), ("val", 3)):
+        for name, colour in colours.items():
+            (root / split / name).mkdir(parents=True)
+            for i in range(count):
+                shade = tuple(min(255, c + 5 * i) for c in colour)
+                Image.new("RGB", (12 + i % 3, 12), shade).save(root / split / name / f"{i}.png")
+    return root

@@ -1,0 +1,62 @@
+"""What the runner's tests share: composing a config as `hvdtrain` does, and running the command."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hvdtrain.config import CONF_DIR, register_configs, typed
+
+
+def compose(*overrides):
+    """The config `hvdtrain OVERRIDES` composes, resolved and typed as the workers see it."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    register_configs()
+    OmegaConf.register_new_resolver("run_dir", lambda resume, fresh: resume or fresh, replace=True)
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = hydra_compose("config", overrides=list(overrides), return_hydra_config=True)
+        HydraConfig.instance().set_config(cfg)
+        plain = {key: OmegaConf.to_container(cfg[key], resolve=True) if OmegaConf.is_config(cfg[key]) else cfg[key]
+                 for key in cfg if key != "hydra"}
+    return typed(plain)
+
+
+def run_hvdtrain(*args, cwd=None, env=None, timeout=240):
+    """`hvdtrain ARGS` in a subprocess, as a user runs it (a hang fails the test, not the suite)."""
+    command = [sys.executable, "-m", "hvdtrain.cli", *map(str, args)]
+    process = subprocess.Popen(command, cwd=cwd, env={**os.environ, **(env or {})}, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        pytest.fail(f"hvdtrain {' '.join(map(str, args))} did not finish in {timeout} s:\n{stdout}\n{stderr}")
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+def processes_mentioning(text):
+    """Pids of live processes whose command line contains `text`."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and text.encode() in (proc / "cmdline").read_bytes():
+                found.append(int(proc.name))
+        except OSError:
+            pass
+    return found
+
+
+def wait_until(condition, timeout, what):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.02)

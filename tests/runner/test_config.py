@@ -1,0 +1,120 @@
+"""The configuration: every recipe composes and validates; the plan; bad input stops with one
+clear message before anything launches."""
+
+import json
+
+import pytest
+
+from hvdtrain import cluster
+from hvdtrain.config import RECIPES_DIR, ConfigError, validate
+from hvdtrain.plan import make_plan
+
+from runner.support import compose, run_hvdtrain
+
+RECIPES = sorted(path.stem for path in RECIPES_DIR.glob("*.yaml"))
+CLUSTERS = {"local": [], "1x8": [], "4x4": ["cluster.hosts=[h1,h2,h3,h4]"]}
+
+
+def test_the_published_recipes_are_there():
+    assert {"digits", "resnet50_imagenet", "resnet50_imagenet_8k", "resnet101_imagenet", "inception3_imagenet",
+            "vgg16_imagenet", "resnet101_synthetic", "inception3_synthetic", "vgg16_synthetic"} <= set(RECIPES)
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_every_recipe_composes_and_validates_on_several_clusters(recipe, image_tree):
+    for layout, hosts in CLUSTERS.items():
+        cfg = compose(f"recipe={recipe}", f"cluster={layout}", f"data.root={image_tree}", *hosts)
+        validate(cfg)
+        plan = make_plan(cfg, cluster.resolve_hosts(cfg.cluster))
+        assert cfg.recipe.name == recipe and cfg.cluster.name == layout
+        assert plan.world_size == cfg.cluster.num_hosts * cfg.cluster.slots
+        assert plan.global_batch_size == plan.world_size * cfg.train.batch_size * cfg.train.backward_passes_per_step
+        assert plan.peak_lr == pytest.approx(cfg.optimizer.base_lr * plan.global_batch_size / cfg.optimizer.base_batch_size)
+        target = cfg.recipe.target
+        assert target is None or (target.source and target.metric == "val_top1")
+        header = (RECIPES_DIR / f"{recipe}.yaml").read_text()
+        assert "Run:" in header and "Hardware:" in header and "Target:" in header
+
+
+def test_the_recipes_take_their_settings_from_the_source():
+    goyal_8k = compose("recipe=resnet50_imagenet_8k", "cluster.hosts=[" + ",".join(f"n{i}" for i in range(32)) + "]")
+    plan = make_plan(goyal_8k, cluster.resolve_hosts(goyal_8k.cluster))
+    assert (plan.global_batch_size, plan.peak_lr, plan.warmup_epochs) == (8192, 3.2, 5)
+    assert list(goyal_8k.schedule.milestones) == [30, 60, 80] and goyal_8k.train.epochs == 90
+    assert goyal_8k.model.zero_init_residual and list(goyal_8k.optimizer.exclude_from_weight_decay) == ["bn"]
+    assert goyal_8k.recipe.target.value == pytest.approx(100 - 23.74)
+    baseline = compose("recipe=resnet50_imagenet")
+    plan = make_plan(baseline, cluster.resolve_hosts(baseline.cluster))
+    assert (plan.global_batch_size, plan.peak_lr) == (256, 0.1)
+
+
+def test_dry_run_of_resnet101_on_4x4_prints_the_plan(image_tree):
+    result = run_hvdtrain("recipe=resnet101_imagenet", "cluster=4x4", "cluster.hosts=[h1,h2,h3,h4]",
+                          f"data.root={image_tree}", "dry_run=true", "hydra.run.dir=runs/never-made")
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)  # one JSON object and nothing else on stdout
+    command = plan.pop("launch_command")
+    assert plan == {
+        "world_size": 16,
+        "hosts": [{"host": "h1", "slots": 4}, {"host": "h2", "slots": 4}, {"host": "h3", "slots": 4},
+                  {"host": "h4", "slots": 4}],
+        "per_worker_batch_size": 32,
+        "backward_passes_per_step": 1,
+        "global_batch_size": 512,
+        "base_lr": 0.1,
+        "base_batch_size": 256,
+        "peak_lr": 0.2,
+        "warmup_epochs": 5.0,
+        "epochs": 100,
+        "steps_per_epoch": 2502,  # 1281167 ImageNet images // 16 ranks // 32
+    }
+    assert command[0].endswith("mpirun") and command[command.index("-np") + 1] == "16"
+    assert command[command.index("-H") + 1] == "h1:4,h2:4,h3:4,h4:4"
+    assert command[-3:-1] == ["-m", "hvdtrain.worker"]
+
+
+def test_dry_run_takes_the_hosts_of_a_slurm_allocation(image_tree):
+    result = run_hvdtrain("recipe=resnet101_imagenet", "cluster=2x4", f"data.root={image_tree}", "dry_run=true",
+                          "cluster.mpirun_args=[--mca,plm_rsh_agent,/usr/bin/ssh]",
+                          env={"SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_TASKS_PER_NODE": "4(x2)"})
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    assert plan["hosts"] == [{"host": "gpu07", "slots": 4}, {"host": "gpu08", "slots": 4}]
+    command = plan["launch_command"]
+    assert command[command.index("--mca"):command.index("--mca") + 3] == ["--mca", "plm_rsh_agent", "/usr/bin/ssh"]
+
+
+BAD_INPUTS = {
+    "unknown model": (["model.name=resnet9000"], "model.name='resnet9000': unknown model; allowed: resnet50"),
+    "negative LR": (["optimizer.base_lr=-0.1"], "optimizer.base_lr=-0.1: must be a positive"),
+    "warmup longer than training": (["schedule.warmup_epochs=50"], "schedule.warmup_epochs=50.0: must be between 0 and"),
+    "missing data root": (["recipe=resnet50_imagenet"], "data.root is not set"),
+    "batch size 0": (["train.batch_size=0"], "train.batch_size=0: must be a positive"),
+    "unknown cluster": (["cluster=3x7"], "Could not find 'cluster/3x7'"),
+    "multi-host layout without hosts": (["cluster=4x4"], "cluster=4x4 needs 4 hosts but none were given"),
+    "too few slots on a host": (["cluster=2x4", "cluster.hosts=[a:4,b:2]"], "host b offers 2"),
+    "unknown key": (["train.bach_size=3"], "Key 'bach_size' not in 'TrainConfig'"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS)
+def test_bad_input_gets_one_clear_message_and_launches_nothing(case, tmp_path):
+    overrides, message = BAD_INPUTS[case]
+    result = run_hvdtrain(*overrides, f"hydra.run.dir={tmp_path / 'run'}")
+    assert result.returncode != 0
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    assert "starting" not in result.stdout and not (tmp_path / "run").exists()
+
+
+def test_validation_lists_every_problem_at_once():
+    cfg = compose("train.batch_size=0", "optimizer.momentum=1.5")
+    with pytest.raises(ConfigError) as error:
+        validate(cfg)
+    assert "train.batch_size=0" in str(error.value) and "optimizer.momentum=1.5" in str(error.value)
+
+
+def test_help_lists_the_recipes_and_clusters():
+    result = run_hvdtrain("--help")
+    assert result.returncode == 0
+    assert "recipe: digits" in result.stdout and "4x4" in result.stdout and "dry_run=true" in result.stdout

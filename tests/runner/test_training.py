@@ -1,0 +1,176 @@
+"""Training runs, each with real ranks: the default digits recipe; a run killed after a
+checkpoint and resumed ends exactly as an uninterrupted one; an ImageFolder recipe trained
+inside an existing mpirun job; a failing worker; a sweep; exact validation sums."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from hvdtrain import launcher
+from hvdtrain.run_log import read_history
+from runner.support import processes_mentioning, run_hvdtrain, wait_until
+
+TIMEOUT = 240
+
+
+def last_checkpoint(run_dir):
+    import torch
+
+    path = sorted((run_dir / "checkpoints").glob("step-*.ckpt"))[-1]
+    return torch.load(path, weights_only=True)
+
+
+def history(run_dir):
+    return [{key: value for key, value in record.items() if key != "samples_per_s"}
+            for record in read_history(run_dir / "metrics.jsonl")]
+
+
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory):
+    """`hvdtrain` with no arguments (the digits recipe on 2 local ranks), run to the end."""
+    run_dir = tmp_path_factory.mktemp("default") / "run"
+    result = run_hvdtrain(f"hydra.run.dir={run_dir}", timeout=TIMEOUT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return run_dir, result
+
+
+def test_the_default_recipe_reaches_its_target_on_two_local_ranks(default_run):
+    run_dir, result = default_run
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["recipe"] == "digits" and results["framework"] == "torch"
+    assert (results["world_size"], results["global_batch_size"], results["epochs_completed"]) == (2, 64, 12)
+    assert results["metrics"]["val_top1"] >= 95.0 and results["target_reached"] is True
+    assert results["target"]["value"] == 95.0 and results["samples_per_s"] > 0 and results["wall_time_s"] > 0
+    # 360 validation images: the reduced accuracy is a whole number of them
+    assert round(results["metrics"]["val_top1"] * 360 / 100, 6).is_integer()
+    assert f"report       {run_dir / 'report.md'}" in result.stdout
+    for name in ("config.yaml", "metrics.jsonl", "report.md", "loss.png", "accuracy.png", "lr.png"):
+        assert (run_dir / name).is_file(), name
+    assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    assert "![accuracy](accuracy.png)" in (run_dir / "report.md").read_text()
+    records = read_history(run_dir / "metrics.jsonl")
+    assert all({"step", "epoch", "lr", "loss"} <= set(r) for r in records)
+    assert [r["epoch"] for r in records if r["event"] == "eval"] == list(range(1, 13))
+    assert len(list((run_dir / "checkpoints").glob("step-*.ckpt"))) == 3  # keep_checkpoints
+
+
+def test_a_killed_run_resumes_to_the_same_weights(default_run, tmp_path):
+    uninterrupted, _ = default_run
+    run_dir = tmp_path / "run"
+    with open(tmp_path / "killed.log", "w") as log:
+        process = subprocess.Popen([sys.executable, "-m", "hvdtrain.cli", f"hydra.run.dir={run_dir}"],
+                                   stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_until(lambda: len(list((run_dir / "checkpoints").glob("step-*.ckpt"))) >= 2, TIMEOUT,
+                   "two checkpoints")
+    finally:  # a crash: every process of the run dies at once
+        os.killpg(process.pid, signal.SIGKILL)
+        for pid in processes_mentioning(str(run_dir)):
+            os.kill(pid, signal.SIGKILL)
+        process.wait()
+    wait_until(lambda: not processes_mentioning(str(run_dir)), 30, "the killed ranks to be gone")
+    assert not (run_dir / "results.json").exists(), "the run ended before it could be killed"
+
+    newest = sorted((run_dir / "checkpoints").glob("step-*.ckpt"))[-1]
+    newest.write_bytes(newest.read_bytes()[:1000])  # as if the disk had lost its end
+    result = run_hvdtrain(f"resume={run_dir}", timeout=TIMEOUT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"skipping checkpoint {newest}" in result.stderr
+    assert "hvdtrain: resuming at epoch" in result.stdout
+
+    import torch
+
+    resumed, expected = last_checkpoint(run_dir), last_checkpoint(uninterrupted)
+    assert resumed["global_step"] == expected["global_step"] == 264
+    for name, tensor in expected["model"].items():
+        assert torch.equal(resumed["model"][name], tensor), name
+    for index, state in expected["optimizer"]["state"].items():
+        assert torch.equal(resumed["optimizer"]["state"][index]["momentum_buffer"], state["momentum_buffer"])
+    assert history(run_dir) == history(uninterrupted)
+    assert json.loads((run_dir / "results.json").read_text())["metrics"] == \
+        json.loads((uninterrupted / "results.json").read_text())["metrics"]
+
+
+def test_resume_refuses_other_overrides(default_run):
+    run_dir, _ = default_run
+    result = run_hvdtrain(f"resume={run_dir}", "train.epochs=30")
+    assert result.returncode != 0 and "cannot be combined with train.epochs=30" in result.stderr
+
+
+def test_an_imagefolder_recipe_trains_inside_an_existing_mpirun_job(image_tree, tmp_path):
+    run_dir = tmp_path / "run"
+    environment = launcher.worker_environment(2)
+    program = [sys.executable, "-m", "hvdtrain.cli", "recipe=resnet50_imagenet", f"data.root={image_tree}",
+               "model.num_classes=3", "data.image_size=32", "data.resize_size=36", "data.loader_workers=1",
+               "train.batch_size=4", "train.epochs=1", "schedule.warmup_epochs=1", f"hydra.run.dir={run_dir}"]
+    result = launcher.run(launcher.mpirun_command(program, num_proc=2, env=environment), env=environment,
+                          timeout=TIMEOUT, capture=True)
+    assert result.returncode == 0, result.stdout
+    results = json.loads((run_dir / "results.json").read_text())
+    assert (results["world_size"], results["global_batch_size"], results["epochs_completed"]) == (2, 8, 1)
+    assert round(results["metrics"]["val_top1"] * 9 / 100, 6).is_integer()  # 9 validation images, all counted
+    assert "hvdtrain: starting" not in result.stdout  # trained in place, no second launch
+    assert result.stdout.count("hvdtrain: recipe resnet50_imagenet") == 1  # rank 0 alone reports
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-000000003.ckpt"]  # 24 // 2 // 4
+
+
+def test_a_failing_worker_ends_the_job_with_its_error(image_tree, tmp_path):
+    result = run_hvdtrain("recipe=resnet50_imagenet", "cluster=local", f"data.root={image_tree}",
+                          "model.num_classes=5", "data.image_size=32", "data.resize_size=32",
+                          f"hydra.run.dir={tmp_path / 'run'}", timeout=TIMEOUT)
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    assert "failed: ValueError: data.root=" in output and "the model has 5 (model.num_classes)" in output
+    assert "the workers failed" in result.stderr
+
+
+def test_a_sweep_runs_each_job_as_its_own_distributed_run(tmp_path):
+    result = run_hvdtrain("-m", "cluster=1x1", "train.epochs=1", "train.batch_size=16,32",
+                          f"hydra.sweep.dir={tmp_path}", timeout=TIMEOUT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    batches = [json.loads((tmp_path / job / "results.json").read_text())["global_batch_size"] for job in ("0", "1")]
+    assert batches == [16, 32]
+    assert result.stdout.count("hvdtrain: starting 1 workers") == 2
+
+
+def ranks_validation_sums_are_exact():
+    import torch
+    import torch.nn.functional as F
+
+    import hvdtrain.torch as hvd
+    from hvdtrain.config import typed
+    from hvdtrain.tasks.data_torch import build_datasets
+    from hvdtrain.tasks.models_torch import build_model
+    from hvdtrain.train_torch import evaluate
+
+    hvd.init()
+    cfg = typed({"model": {"name": "digits_cnn", "num_classes": 10}, "data": {"source": "digits", "val_size": 360},
+                 "train": {"batch_size": 7}})
+    torch.manual_seed(0)
+    model = build_model(cfg.model)
+    for module in model.modules():  # every rank saw different data: different running statistics
+        if isinstance(module, torch.nn.BatchNorm2d):
+            module.running_mean.fill_(hvd.rank())
+    _, val = build_datasets(cfg.data, 10, 0)
+    metrics = evaluate(model, val, cfg, torch.device("cpu"))
+
+    expected_mean = (hvd.size() - 1) / 2
+    for module in model.modules():
+        if isinstance(module, torch.nn.BatchNorm2d):
+            assert torch.all(module.running_mean == expected_mean)
+    model.eval()
+    with torch.no_grad():  # the same model over the whole set, in this one process
+        logits = model(val.inputs)
+    correct = (logits.argmax(dim=1) == val.labels).sum().item()
+    assert metrics["val_top1"] == 100.0 * correct / 360, (metrics, correct)
+    in_top5 = (logits.topk(5, dim=1).indices == val.labels[:, None]).any(dim=1).sum().item()
+    assert metrics["val_top5"] == 100.0 * in_top5 / 360
+    assert metrics["val_loss"] == pytest.approx(F.cross_entropy(logits, val.labels).item(), rel=1e-5)
+
+
+def test_validation_metrics_are_reduced_exactly(mpirun):
+    mpirun(2, ranks_validation_sums_are_exact, timeout=TIMEOUT)
