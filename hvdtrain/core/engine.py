@@ -136,6 +136,10 @@ class Engine:
             raise TypeError(f"collective '{name}': expected a NumPy array, got {type(array).__name__}")
         if not array.flags.c_contiguous:
             raise ValueError(f"collective '{name}': the tensor must be contiguous")
+        if array.dtype.hasobject:
+            raise TypeError(
+                f"collective '{name}': cannot send dtype {array.dtype}, which holds Python object references"
+            )
         if output is not None and output is not array and (
             not output.flags.c_contiguous or output.shape != array.shape or output.dtype != array.dtype
         ):
@@ -143,6 +147,10 @@ class Engine:
                 f"collective '{name}': output must be a contiguous array of shape {array.shape} and dtype "
                 f"{array.dtype}, got shape {output.shape} and dtype {output.dtype}"
             )
+        # The engine thread writes the result there; failing only then would stop the whole job.
+        written = output if output is not None else array if kind in (Kind.ALLREDUCE, Kind.BROADCAST) else None
+        if written is not None and not written.flags.writeable:
+            raise ValueError(f"collective '{name}': the array the result goes into is read-only")
         dtype = array.dtype.name
         op = ReduceOp(op)
         if kind in REDUCING_KINDS:

@@ -78,9 +78,6 @@ class ResponseCache:
         self._by_name[request.name] = entry
         self._by_id[cache_id] = entry
 
-    def touch(self, name):
-        self._by_name.move_to_end(name)
-
     def evict(self, name):
         entry = self._by_name.pop(name, None)
         if entry is not None:
@@ -184,7 +181,7 @@ class Coordinator:
         if len(self._joined) == self.size:
             responses.append(Response(name="join", kind=Kind.JOIN, last_joined_rank=self._joined[-1]))
             self._joined = []
-        return RoundResult(evictions, responses, self._inspect_stalls(now))
+        return RoundResult(evictions, responses, self._inspect_stalls(now, evictions))
 
     def _respond(self, name, requests_by_rank, joined):
         lowest = min(requests_by_rank)
@@ -208,15 +205,18 @@ class Coordinator:
             first_dims = tuple(requests_by_rank[r].shape[0] for r in range(self.size))
         return Response(name, request.kind, request, first_dims=first_dims)
 
-    def _inspect_stalls(self, now):
+    def _inspect_stalls(self, now, evictions):
         settings = self.settings
         if not settings.stall_check_enabled or not self._table:
             return None
         if now - self._last_stall_check < min(1.0, settings.stall_check_time_s):
             return None
         self._last_stall_check = now
+        # A name evicted in this round may still wait on the cache path of other ranks, which
+        # send it here next cycle: judged now, they would be reported as missing it.
         stalled = [
-            (name, w) for name, w in self._table.items() if now - w.first_seen >= settings.stall_check_time_s
+            (name, w) for name, w in self._table.items()
+            if now - w.first_seen >= settings.stall_check_time_s and name not in evictions
         ]
         if not stalled:
             return None
