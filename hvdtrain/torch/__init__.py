@@ -1,16 +1,10 @@
 """Drop-in replacement for horovod.torch (0.28): `import hvdtrain.torch as hvd`."""
 
+from hvdtrain.core.horovod_api import *  # noqa: F401,F403 (Horovod's names shared by every framework)
+
 from .compression import Compression
 from .functions import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters
 from .mpi_ops import (
-    Adasum,
-    Average,
-    HorovodInternalError,
-    HostsUpdatedInterrupt,
-    Max,
-    Min,
-    Product,
-    Sum,
     allgather,
     allgather_async,
     allreduce,
@@ -24,36 +18,14 @@ from .mpi_ops import (
     broadcast_,
     broadcast_async,
     broadcast_async_,
-    ccl_built,
-    cross_rank,
-    cross_size,
-    cuda_built,
-    ddl_built,
-    gloo_built,
-    gloo_enabled,
     grouped_allreduce,
     grouped_allreduce_,
     grouped_allreduce_async,
     grouped_allreduce_async_,
-    init,
-    is_homogeneous,
-    is_initialized,
     join,
-    local_rank,
-    local_size,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
     poll,
-    rank,
     reducescatter,
     reducescatter_async,
-    rocm_built,
-    shutdown,
-    size,
-    start_timeline,
-    stop_timeline,
     synchronize,
 )
 from .optimizer import DistributedOptimizer

@@ -2,15 +2,7 @@
 
 import torch
 
-
-class NoneCompressor:
-    @staticmethod
-    def compress(tensor):
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor
+from hvdtrain.core.horovod_api import NoneCompressor
 
 
 class FP16Compressor:

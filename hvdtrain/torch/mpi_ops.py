@@ -6,72 +6,14 @@ broadcast, alltoall and reducescatter as in Horovod.
 """
 
 import itertools
-import warnings
 
 import numpy as np
 import torch
 
 from hvdtrain import core
-from hvdtrain.core import HorovodInternalError, HostsUpdatedInterrupt, ReduceOp  # noqa: F401 (re-exported)
+from hvdtrain.core.horovod_api import Average, Sum, handle_average_backwards_compatibility, rank, size
 
 from .compression import Compression
-
-Average = ReduceOp.AVERAGE
-Sum = ReduceOp.SUM
-Adasum = ReduceOp.ADASUM
-Min = ReduceOp.MIN
-Max = ReduceOp.MAX
-Product = ReduceOp.PRODUCT
-
-init = core.init
-shutdown = core.shutdown
-is_initialized = core.is_initialized
-size = core.size
-rank = core.rank
-local_size = core.local_size
-local_rank = core.local_rank
-cross_size = core.cross_size
-cross_rank = core.cross_rank
-is_homogeneous = core.is_homogeneous
-mpi_threads_supported = core.mpi_threads_supported
-start_timeline = core.start_timeline
-stop_timeline = core.stop_timeline
-
-
-def mpi_built():
-    return True
-
-
-def mpi_enabled():
-    return True
-
-
-def gloo_built():
-    return False
-
-
-def gloo_enabled():
-    return False
-
-
-def nccl_built():
-    return 0
-
-
-def ddl_built():
-    return False
-
-
-def ccl_built():
-    return False
-
-
-def cuda_built():
-    return False
-
-
-def rocm_built():
-    return False
 
 
 # ----------------------------------------------------------------------------- tensors <-> arrays
@@ -140,16 +82,6 @@ def synchronize(handle):
     return finish([h.wait() for h in core_handles])
 
 
-def _resolve_op(op, average):
-    if op is not None and average is not None:
-        raise ValueError("The op parameter supersedes average. Please provide only one of them.")
-    if average is not None:
-        warnings.warn("Parameter `average` has been replaced with `op` and will be removed in v1.0",
-                      DeprecationWarning, stacklevel=3)
-        return Average if average else Sum
-    return Average if op is None else op
-
-
 # ----------------------------------------------------------------------------- allreduce
 
 
@@ -164,19 +96,19 @@ def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
     """Start reducing `tensor` over all ranks into a new tensor; returns a handle."""
-    op = _resolve_op(op, average)
+    op = handle_average_backwards_compatibility(op, average)
     return _allreduce_async(tensor, torch.empty_like(tensor, memory_format=torch.contiguous_format), name, op,
                             prescale_factor, postscale_factor)
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
     """Start reducing `tensor` over all ranks in place; returns a handle."""
-    op = _resolve_op(op, average)
+    op = handle_average_backwards_compatibility(op, average)
     return _allreduce_async(tensor, tensor, name, op, prescale_factor, postscale_factor)
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
-    op = _resolve_op(op, average)
+    op = handle_average_backwards_compatibility(op, average)
     return synchronize(_allreduce_async(tensor, tensor, name, op, prescale_factor, postscale_factor))
 
 
@@ -197,7 +129,7 @@ class HorovodAllreduce(torch.autograd.Function):
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None, prescale_factor=1.0,
               postscale_factor=1.0):
     """Reduce `tensor` over all ranks (Average by default); differentiable."""
-    op = _resolve_op(op, average)
+    op = handle_average_backwards_compatibility(op, average)
     compressed, context = compression.compress(tensor)
     reduced = HorovodAllreduce.apply(compressed, name, op, prescale_factor, postscale_factor)
     return compression.decompress(reduced, context)
@@ -213,19 +145,19 @@ def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postsc
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                             postscale_factor=1.0):
-    op = _resolve_op(op, average)
+    op = handle_average_backwards_compatibility(op, average)
     outputs = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
     return _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postscale_factor)
 
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0):
-    op = _resolve_op(op, average)
+    op = handle_average_backwards_compatibility(op, average)
     return _grouped_allreduce_async(tensors, tensors, name, op, prescale_factor, postscale_factor)
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
-    op = _resolve_op(op, average)
+    op = handle_average_backwards_compatibility(op, average)
     return synchronize(_grouped_allreduce_async(tensors, tensors, name, op, prescale_factor, postscale_factor))
 
 
@@ -247,7 +179,7 @@ class HorovodGroupedAllreduce(torch.autograd.Function):
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
                       prescale_factor=1.0, postscale_factor=1.0):
     """Reduce a list of tensors together (negotiated and fused as one group); differentiable."""
-    op = _resolve_op(op, average)
+    op = handle_average_backwards_compatibility(op, average)
     compressed = [compression.compress(t) for t in tensors]
     reduced = HorovodGroupedAllreduce.apply(name, op, prescale_factor, postscale_factor,
                                             *[c for c, _ in compressed])

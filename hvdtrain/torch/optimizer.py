@@ -23,7 +23,9 @@ from hvdtrain import core
 
 from . import mpi_ops
 from .compression import Compression
-from .mpi_ops import Adasum, Average, size, synchronize
+from hvdtrain.core.horovod_api import Adasum, Average, size
+
+from .mpi_ops import synchronize
 
 _optimizer_ids = itertools.count()
 _SPARSE = object()  # the context of a gradient reduced as a sparse tensor

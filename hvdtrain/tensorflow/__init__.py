@@ -1,0 +1,39 @@
+"""Drop-in replacement for horovod.tensorflow (0.28) on TensorFlow 2: `import hvdtrain.tensorflow as hvd`.
+
+Eager mode and tf.function are both supported; TF1 sessions are not. `hvd.SyncBatchNormalization`
+and `hvdtrain.tensorflow.keras` (the same module as `hvdtrain.keras`) import Keras on first use.
+"""
+
+from hvdtrain.core.horovod_api import *  # noqa: F401,F403 (Horovod's names shared by every framework)
+
+from .collectives import (  # noqa: F401 (re-exported)
+    allgather,
+    allgather_object,
+    allreduce,
+    alltoall,
+    barrier,
+    broadcast,
+    broadcast_,
+    broadcast_object,
+    broadcast_variables,
+    grouped_allgather,
+    grouped_allreduce,
+    grouped_reducescatter,
+    handle_average_backwards_compatibility,
+    join,
+    local_rank_op,
+    local_size_op,
+    rank_op,
+    reducescatter,
+    size_op,
+)
+from .compression import Compression  # noqa: F401 (re-exported)
+from .gradients import DistributedGradientTape, DistributedOptimizer  # noqa: F401 (re-exported)
+
+def __getattr__(name):
+    # Keras costs seconds to import; only SyncBatchNormalization needs it.
+    if name == "SyncBatchNormalization":
+        from .sync_batch_norm import SyncBatchNormalization
+
+        return SyncBatchNormalization
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

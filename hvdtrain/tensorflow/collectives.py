@@ -1,0 +1,406 @@
+"""Horovod's collectives on TensorFlow tensors, eagerly and inside tf.function.
+
+Every collective hands NumPy arrays to the core (hvdtrain.core) and turns its results back
+into tensors without copying on the CPU:
+- eagerly, `np.asarray` views a tensor's memory and DLPack wraps the result arrays;
+- inside a graph, the same NumPy function runs as a `tf.numpy_function` op, which TensorFlow
+  feeds with views of its tensors and whose returned arrays it adopts.
+numpy_function ops are stateful, and tf.function runs stateful ops in program order, so a
+traced function runs its collectives in the order its Python code called them — the same
+order on every rank — and one collective blocking for its peers cannot deadlock another.
+
+Names are deterministic on every rank: the caller's `name`; inside a graph, Horovod's name
+built from the input tensor's name; eagerly, the core numbers unnamed collectives in call
+order. Several tensors handed over at once cross in one op and wait together.
+
+Tensors on a GPU cross through host memory today: TensorFlow copies them to the host for
+np.asarray and numpy_function. The CUDA path (DLPack to device buffers for the core's NCCL
+backend) replaces `_run_on_core`'s conversions when that backend exists.
+"""
+
+import re
+import warnings
+
+import numpy as np
+import tensorflow as tf
+
+from hvdtrain import core
+from hvdtrain.core.horovod_api import Adasum, Average, Sum, handle_average_backwards_compatibility
+
+from .compression import Compression
+
+
+
+# ----------------------------------------------------------------------------- tensors <-> core
+
+
+def _run_on_core(run, tensors, dtypes, kind):
+    """Call `run(arrays) -> arrays` on the tensors' memory and return its results as tensors."""
+    if tf.executing_eagerly():
+        return [_tensor(result) for result in run([np.asarray(t) for t in tensors])]
+    # Inside a graph, TensorFlow hands 0-d inputs over as NumPy scalars.
+    results = tf.numpy_function(lambda *arrays: run([np.asarray(a) for a in arrays]), list(tensors), list(dtypes),
+                                stateful=True, name=f"Horovod{kind}")
+    return results if dtypes else []
+
+
+# TensorFlow's CPU kernels require the memory under a tensor to start at this boundary.
+_ALIGNMENT = 64
+
+
+def _tensor(array):
+    """The tensor over a result array's memory (the core returns fresh, writable arrays);
+    a copy when the memory is not aligned for TensorFlow."""
+    if array.ctypes.data % _ALIGNMENT:
+        return tf.convert_to_tensor(array)
+    if array.dtype.name == "bfloat16":  # DLPack has no bfloat16: hand over the bits, reinterpret them
+        return tf.bitcast(_tensor(array.view(np.uint16)), tf.bfloat16)
+    return tf.experimental.dlpack.from_dlpack(array.__dlpack__())
+
+
+def _aligned_empty_like(array):
+    """An uninitialized array like `array`, aligned so that its result crosses back uncopied."""
+    buffer = np.empty(array.nbytes + _ALIGNMENT, np.uint8)
+    start = -buffer.ctypes.data % _ALIGNMENT
+    return buffer[start:start + array.nbytes].view(array.dtype).reshape(array.shape)
+
+
+def _collective_name(kind, tensors, name, ignore_name_scope):
+    """Horovod's names. Inside a graph an unnamed collective is named after its input tensors
+    and a named one is prefixed with the name scope unless ignore_name_scope; eagerly an
+    unnamed one stays None, for the core to number in call order."""
+    if tf.executing_eagerly():
+        return name
+    if name is None:
+        ends = [tensors[0].name] if len(tensors) == 1 else [tensors[0].name, tensors[-1].name]
+        return f"Horovod{kind}_" + "_".join(re.sub("[^a-zA-Z0-9_]", "_", n) for n in ends)
+    scope = "" if ignore_name_scope else tf.get_current_name_scope()
+    return f"{scope}/{name}" if scope else name
+
+
+def _suffixed(name, suffix):
+    return None if name is None else name + suffix
+
+
+def _member_names(name, count):
+    """One tensor takes the collective's name; several are numbered after it, as the core
+    numbers the members of a group."""
+    if count == 1:
+        return [name]
+    return [_suffixed(name, f"_{i}") for i in range(count)]
+
+
+def _wait_all(handles):
+    return [handle.wait() for handle in handles]
+
+
+def _with_static_shapes(results, shapes):
+    for result, shape in zip(results, shapes):
+        result.set_shape(shape)
+
+
+def _ragged_shape(tensor):
+    """The static shape of a result whose first dimension depends on the other ranks."""
+    return tf.TensorShape([None]).concatenate(tensor.shape[1:]) if tensor.shape.rank else tensor.shape
+
+
+# ----------------------------------------------------------------------------- the collectives
+
+
+def _reduce(tensors, name, op, prescale, postscale):
+    """Allreduce `tensors` in one crossing: one tensor under `name`, several as one group
+    (negotiated and fused together). Differentiable as in Horovod: the gradient is the same
+    reduction of the incoming gradients."""
+
+    @tf.custom_gradient
+    def reduce(*inputs):
+        def run(arrays):
+            outputs = [_aligned_empty_like(a) for a in arrays]
+            options = dict(op=op, prescale_factor=prescale, postscale_factor=postscale)
+            if len(arrays) == 1:
+                return [core.allreduce_async(arrays[0], name=name, output=outputs[0], **options).wait()]
+            return _wait_all(core.grouped_allreduce_async(arrays, name=name, outputs=outputs, **options))
+
+        results = _run_on_core(run, inputs, [t.dtype for t in inputs], "Allreduce")
+        _with_static_shapes(results, [t.shape for t in inputs])
+
+        def grad(*upstream):
+            return _reduce(_zeros_for_none(upstream, results), _suffixed(name, ".grad"), op, prescale, postscale)
+
+        return results, grad
+
+    return reduce(*tensors)
+
+
+def _gather(tensors, name):
+    """Allgather each tensor along its first dimension, which may differ between ranks.
+    Gradient (Horovod's): the incoming gradient averaged over ranks, of which each rank
+    keeps the rows it contributed."""
+
+    @tf.custom_gradient
+    def gather(*inputs):
+        names = _member_names(name, len(inputs))
+
+        def run(arrays):
+            return _wait_all([core.allgather_async(a, name=n) for a, n in zip(arrays, names)])
+
+        results = _run_on_core(run, inputs, [t.dtype for t in inputs], "Allgather")
+        _with_static_shapes(results, [_ragged_shape(t) for t in inputs])
+
+        def grad(*upstream):
+            reduced = _reduce(_zeros_for_none(upstream, results), _suffixed(name, ".grad"), Average, 1.0, 1.0)
+            rows = [tf.shape(t, out_type=tf.int64)[:1] for t in inputs]
+            rows_by_rank = _gather(rows, _suffixed(name, ".grad_rows"))
+            rank = core.rank()
+            return [g[tf.reduce_sum(counts[:rank]):][:own[0]] for g, counts, own in zip(reduced, rows_by_rank, rows)]
+
+        return results, grad
+
+    return gather(*tensors)
+
+
+def _broadcast(tensors, root_rank, name):
+    """Every rank receives root_rank's tensors. Gradient (Horovod's): the incoming gradient
+    averaged over ranks on the root, zero elsewhere."""
+
+    @tf.custom_gradient
+    def broadcast(*inputs):
+        names = _member_names(name, len(inputs))
+
+        def run(arrays):
+            outputs = [_aligned_empty_like(a) for a in arrays]
+            return _wait_all([core.broadcast_async(a, root_rank, name=n, output=o)
+                              for a, n, o in zip(arrays, names, outputs)])
+
+        results = _run_on_core(run, inputs, [t.dtype for t in inputs], "Broadcast")
+        _with_static_shapes(results, [t.shape for t in inputs])
+
+        def grad(*upstream):
+            reduced = _reduce(_zeros_for_none(upstream, results), _suffixed(name, ".grad"), Average, 1.0, 1.0)
+            return reduced if core.rank() == root_rank else [tf.zeros_like(g) for g in reduced]
+
+        return results, grad
+
+    return broadcast(*tensors)
+
+
+def _alltoall(tensor, splits, name):
+    """Send splits[i] rows to rank i; returns the rows received and how many came from each
+    rank (an empty `splits` divides the rows evenly). Gradient: the reverse exchange."""
+
+    @tf.custom_gradient
+    def exchange(rows, row_splits):
+        def run(arrays):
+            array, split_array = arrays
+            received, received_splits = core.alltoall_async(
+                array, splits=split_array if split_array.size else None, name=name).wait()
+            return [received, received_splits.astype(np.int32)]
+
+        received, received_splits = _run_on_core(run, [rows, row_splits], [rows.dtype, tf.int32], "Alltoall")
+        _with_static_shapes([received, received_splits], [_ragged_shape(rows), [core.size()]])
+
+        def grad(upstream_rows, upstream_splits):
+            upstream_rows = _zeros_for_none([upstream_rows], [received])[0]
+            return _alltoall(upstream_rows, received_splits, _suffixed(name, ".grad"))[0], None
+
+        return (received, received_splits), grad
+
+    return exchange(tensor, splits)
+
+
+def _reducescatter(tensors, name, op, prescale, postscale):
+    """Reduce each tensor and give every rank its share of the first dimension. Gradient
+    (Horovod's): allgather of the incoming gradients, scaled by the size for Sum."""
+
+    @tf.custom_gradient
+    def scatter(*inputs):
+        names = _member_names(name, len(inputs))
+
+        def run(arrays):
+            return _wait_all([core.reducescatter_async(a, name=n, op=op, prescale_factor=prescale,
+                                                       postscale_factor=postscale)
+                              for a, n in zip(arrays, names)])
+
+        results = _run_on_core(run, inputs, [t.dtype for t in inputs], "Reducescatter")
+        _with_static_shapes(results, [_ragged_shape(t) for t in inputs])
+
+        def grad(*upstream):
+            upstream = _zeros_for_none(upstream, results)
+            if op == Sum:
+                upstream = [g * tf.cast(core.size(), g.dtype) for g in upstream]
+            return _gather(upstream, _suffixed(name, ".grad"))
+
+        return results, grad
+
+    return scatter(*tensors)
+
+
+def _zeros_for_none(upstream, results):
+    return [tf.zeros_like(r) if u is None else u for u, r in zip(upstream, results)]
+
+
+# ----------------------------------------------------------------------------- Horovod's API
+
+
+def allreduce(tensor, average=None, device_dense="", device_sparse="", compression=Compression.none, op=None,
+              prescale_factor=1.0, postscale_factor=1.0, name=None, ignore_name_scope=False):
+    """Reduce a tf.Tensor, tf.Variable or tf.IndexedSlices over all ranks (default: average).
+    IndexedSlices are allgathered instead, which represents their sum."""
+    return grouped_allreduce([tensor], average, device_dense, device_sparse, compression, op, prescale_factor,
+                             postscale_factor, name=name, ignore_name_scope=ignore_name_scope)[0]
+
+
+def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", compression=Compression.none,
+                      op=None, prescale_factor=1.0, postscale_factor=1.0, name=None, ignore_name_scope=False):
+    """Reduce a list of tensors as one group: negotiated together and fused where possible."""
+    if not tensors:
+        return tensors
+    op = handle_average_backwards_compatibility(op, average)
+    if op == Adasum:
+        raise NotImplementedError("hvdtrain does not implement the Adasum reduction; use op=Average or op=Sum")
+    results = list(tensors)
+    sparse = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
+    dense = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
+    if sparse:
+        with tf.device(device_sparse):
+            reduced = _allreduce_slices([tensors[i] for i in sparse], op, prescale_factor, postscale_factor,
+                                        _suffixed(name, ".slices"), ignore_name_scope)
+        for i, slices in zip(sparse, reduced):
+            results[i] = slices
+    if dense:
+        with tf.device(device_dense):
+            compressed, contexts = zip(*[compression.compress(tf.convert_to_tensor(tensors[i])) for i in dense])
+            reduced = _reduce(list(compressed), _collective_name("Allreduce", compressed, name, ignore_name_scope),
+                              op, prescale_factor, postscale_factor)
+            for i, tensor, context in zip(dense, reduced, contexts):
+                results[i] = compression.decompress(tensor, context)
+    return results
+
+
+def _allreduce_slices(slices, op, prescale_factor, postscale_factor, name, ignore_name_scope):
+    """Horovod reduces IndexedSlices by allgathering their values and indices; the
+    concatenation represents the sum, and dividing the values by the size the average."""
+    if op not in (Sum, Average):
+        raise NotImplementedError("Only Sum and Average ops are supported with tf.IndexedSlices")
+    if prescale_factor != 1.0 or postscale_factor != 1.0:
+        raise NotImplementedError("Pre/postscale_factor are not supported with tf.IndexedSlices")
+    parts = [s.values for s in slices] + [s.indices for s in slices]
+    gathered = _gather(parts, _collective_name("Allgather", parts, name, ignore_name_scope))
+    values, indices = gathered[:len(slices)], gathered[len(slices):]
+    if op == Average:
+        values = [v / tf.cast(core.size(), v.dtype) for v in values]
+    return [tf.IndexedSlices(v, i, dense_shape=s.dense_shape) for v, i, s in zip(values, indices, slices)]
+
+
+def allgather(tensor, name=None, ignore_name_scope=False):
+    """Concatenate every rank's tensor along the first dimension (which may differ per rank)."""
+    tensor = tf.convert_to_tensor(tensor)
+    return _gather([tensor], _collective_name("Allgather", [tensor], name, ignore_name_scope))[0]
+
+
+def grouped_allgather(tensors, name=None, ignore_name_scope=False):
+    if not tensors:
+        return tensors
+    tensors = [tf.convert_to_tensor(t) for t in tensors]
+    return _gather(tensors, _collective_name("GroupedAllgather", tensors, name, ignore_name_scope))
+
+
+def broadcast(tensor, root_rank, name=None, ignore_name_scope=False):
+    """root_rank's tensor, on every rank."""
+    tensor = tf.convert_to_tensor(tensor)
+    return _broadcast([tensor], root_rank, _collective_name("Broadcast", [tensor], name, ignore_name_scope))[0]
+
+
+def broadcast_(variables, root_rank, name=None):
+    """Assign root_rank's values to `variables` on every rank, all in one crossing; returns
+    the new values."""
+    variables = list(variables)
+    if not variables:
+        return []
+    values = [tf.convert_to_tensor(v) for v in variables]
+    received = _broadcast(values, root_rank, _collective_name("Broadcast", values, name, True))
+    for variable, value in zip(variables, received):
+        variable.assign(value)
+    return received
+
+
+def broadcast_variables(variables, root_rank, inplace=False):
+    """Assign root_rank's values to `variables` on every rank. `inplace` is accepted for
+    Horovod's signature: the values are always assigned into the variables."""
+    broadcast_(variables, root_rank)
+
+
+def alltoall(tensor, splits=None, name=None, ignore_name_scope=False):
+    """Send `splits[i]` rows of `tensor` to rank i (default: an even split). Returns the rows
+    received, and with `splits` given also how many rows came from each rank."""
+    tensor = tf.convert_to_tensor(tensor)
+    split_tensor = tf.zeros([0], tf.int32) if splits is None else tf.cast(splits, tf.int32)
+    received, received_splits = _alltoall(tensor, split_tensor,
+                                          _collective_name("Alltoall", [tensor], name, ignore_name_scope))
+    return received if splits is None else (received, received_splits)
+
+
+def reducescatter(tensor, device_dense="", compression=Compression.none, op=Average, name=None,
+                  ignore_name_scope=False, prescale_factor=1.0, postscale_factor=1.0):
+    """Reduce `tensor` over all ranks and give each rank its share of the first dimension
+    (the first `dim % size` ranks get one more row)."""
+    return grouped_reducescatter([tensor], device_dense, compression, op, prescale_factor, postscale_factor,
+                                 name=name, ignore_name_scope=ignore_name_scope)[0]
+
+
+def grouped_reducescatter(tensors, device_dense="", compression=Compression.none, op=Average, prescale_factor=1.0,
+                          postscale_factor=1.0, name=None, ignore_name_scope=False):
+    if not tensors:
+        return tensors
+    with tf.device(device_dense):
+        compressed, contexts = zip(*[compression.compress(tf.convert_to_tensor(t)) for t in tensors])
+        reduced = _reducescatter(list(compressed), _collective_name("Reducescatter", compressed, name,
+                                                                    ignore_name_scope),
+                                 op, prescale_factor, postscale_factor)
+        return [compression.decompress(t, context) for t, context in zip(reduced, contexts)]
+
+
+def join():
+    """Declare that this rank has run out of data; the others' allreduces go on with zeros
+    from it. Returns (as an int32 tensor) the last rank to join, once all have."""
+    last = _run_on_core(lambda arrays: [np.asarray(core.join(), np.int32)], [], [tf.int32], "Join")[0]
+    last.set_shape([])
+    return last
+
+
+def barrier():
+    """Return once every rank has reached the barrier."""
+    _run_on_core(lambda arrays: core.barrier() or [], [], [], "Barrier")
+
+
+def broadcast_object(obj, root_rank=0, session=None, name=None):
+    """root_rank's picklable object, on every rank. `session` (TF1) is not supported."""
+    _reject_session(session)
+    return core.broadcast_object(obj, root_rank, name=name)
+
+
+def allgather_object(obj, session=None, name=None):
+    """The list of every rank's picklable object, in rank order. `session` (TF1) is not supported."""
+    _reject_session(session)
+    return core.allgather_object(obj, name=name)
+
+
+def _reject_session(session):
+    if session is not None:
+        raise NotImplementedError("hvdtrain.tensorflow supports TensorFlow 2 only: pass no session")
+
+
+def size_op(process_set_id=0, name=None):
+    return tf.constant(core.size(), tf.int32, name=name)
+
+
+def local_size_op(name=None):
+    return tf.constant(core.local_size(), tf.int32, name=name)
+
+
+def rank_op(name=None):
+    return tf.constant(core.rank(), tf.int32, name=name)
+
+
+def local_rank_op(name=None):
+    return tf.constant(core.local_rank(), tf.int32, name=name)

@@ -1,0 +1,130 @@
+"""Averaging gradients over ranks: the reduction DistributedGradientTape and the Keras
+DistributedOptimizer share, and DistributedGradientTape itself."""
+
+import warnings
+from dataclasses import dataclass
+from typing import Sequence, Union
+
+import tensorflow as tf
+
+from hvdtrain import core
+
+from .collectives import Adasum, Average, grouped_allreduce
+from .compression import Compression
+
+
+@dataclass(frozen=True)
+class GradientReduction:
+    """How gradients are combined over ranks. The gradients are reduced as one group (or as
+    the explicit `groups`), named `<name>_<i>` after their position, so that every rank
+    names them alike whatever its variables are called."""
+
+    name: str
+    compression: type = Compression.none
+    sparse_as_dense: bool = False
+    op: int = Average
+    gradient_predivide_factor: float = 1.0
+    groups: Union[None, int, Sequence[Sequence]] = None
+
+    def reduce(self, gradients, variables):
+        """The reduced `gradients` (None stays None); `variables` are what they belong to."""
+        if core.size() == 1:
+            return list(gradients)
+        gradients = [tf.convert_to_tensor(g) if self.sparse_as_dense and isinstance(g, tf.IndexedSlices) else g
+                     for g in gradients]
+        # For an average, Horovod splits the division by the size around the sum.
+        prescale, postscale = ((1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor)
+                               if self.op == Average else (1.0, 1.0))
+        reduced = list(gradients)
+        for number, members in enumerate(self._split([i for i, g in enumerate(gradients) if g is not None], variables)):
+            name = self.name if self.groups is None else f"{self.name}.group{number}"
+            results = grouped_allreduce([gradients[i] for i in members], compression=self.compression, op=self.op,
+                                        prescale_factor=prescale, postscale_factor=postscale, name=name,
+                                        ignore_name_scope=True)
+            for i, result in zip(members, results):
+                reduced[i] = result
+        return reduced
+
+    def _split(self, present, variables):
+        """Positions of the gradients to reduce, in groups: one group; `groups` groups of
+        consecutive gradients; or the variables' explicit groups, each other variable alone."""
+        if self.groups is None:
+            return [present] if present else []
+        if isinstance(self.groups, int):
+            count = min(self.groups, len(present))
+            return [present[len(present) * g // count:len(present) * (g + 1) // count] for g in range(count)]
+        group_of = {id(v): number for number, group in enumerate(self.groups) for v in group}
+        explicit = [[] for _ in self.groups]
+        alone = []
+        for i in present:
+            number = group_of.get(id(variables[i]))
+            if number is None:
+                alone.append([i])
+            else:
+                explicit[number].append(i)
+        return [group for group in explicit if group] + alone
+
+
+def gradient_reduction(name, compression=Compression.none, sparse_as_dense=False, op=Average,
+                       gradient_predivide_factor=1.0, num_groups=0, groups=None):
+    """A GradientReduction from Horovod's arguments, checked as Horovod checks them."""
+    if op == Adasum:
+        raise NotImplementedError("hvdtrain does not implement the Adasum reduction; use op=Average or op=Sum")
+    if gradient_predivide_factor != 1.0 and op != Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if num_groups != 0:
+        warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed in v0.23.0.",
+                      DeprecationWarning, stacklevel=3)
+        if groups is None:
+            groups = num_groups
+    if groups is not None and not (isinstance(groups, list) or (isinstance(groups, int) and groups > 0)):
+        raise ValueError("groups should be a non-negative integer or a list of list of tf.Variable.")
+    return GradientReduction(name, compression, sparse_as_dense, op, gradient_predivide_factor, groups)
+
+
+class _DistributedGradient:
+    """Placed before a tape's class: gradient() returns gradients reduced over ranks."""
+
+    def gradient(self, target, sources, output_gradients=None, use_generic_names=False, **kwargs):
+        """tf.GradientTape.gradient, reduced over ranks. `use_generic_names` is accepted for
+        Horovod's signature: gradients are always named after their position."""
+        gradients = super().gradient(target, sources, output_gradients, **kwargs)
+        reduced = self._hvdtrain_reduction.reduce(tf.nest.flatten(gradients), tf.nest.flatten(sources))
+        return tf.nest.pack_sequence_as(gradients, reduced)
+
+
+def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compression=Compression.none,
+                            sparse_as_dense=False, op=Average, gradient_predivide_factor=1.0, num_groups=0,
+                            groups=None):
+    """A tape like `gradtape` whose gradient() averages (or `op`-reduces) the gradients over
+    ranks. `device_dense`/`device_sparse` are accepted for Horovod's signature."""
+    reduction = gradient_reduction("DistributedGradientTape", compression, sparse_as_dense, op,
+                                   gradient_predivide_factor, num_groups, groups)
+    tape_class = type(gradtape)
+    distributed_class = type(tape_class.__name__, (_DistributedGradient, tape_class), {})
+    distributed = object.__new__(distributed_class)
+    # Share the wrapped tape's state rather than copy it, so that a tape wrapped while still
+    # recording stops recording for both when its `with` block ends.
+    distributed.__dict__ = gradtape.__dict__
+    distributed._hvdtrain_reduction = reduction
+    return distributed
+
+
+def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="", device_sparse="",
+                         compression=Compression.none, sparse_as_dense=False, backward_passes_per_step=1,
+                         op=Average, gradient_predivide_factor=1.0, average_aggregated_gradients=False,
+                         num_groups=0, groups=None):
+    """Horovod's horovod.tensorflow.DistributedOptimizer: Keras optimizers are wrapped by
+    hvdtrain.keras.DistributedOptimizer; TF1 optimizers (tf.compat.v1.train) need sessions,
+    which hvdtrain does not support."""
+    if isinstance(optimizer, tf.compat.v1.train.Optimizer):
+        raise NotImplementedError(
+            f"hvdtrain.tensorflow supports TensorFlow 2 only: {type(optimizer).__name__} is a TF1 optimizer; use a "
+            "Keras optimizer (tf.keras.optimizers) or hvd.DistributedGradientTape")
+    from hvdtrain import keras as hvd_keras
+
+    return hvd_keras.DistributedOptimizer(
+        optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse, compression=compression,
+        sparse_as_dense=sparse_as_dense, gradient_predivide_factor=gradient_predivide_factor, op=op,
+        backward_passes_per_step=backward_passes_per_step,
+        average_aggregated_gradients=average_aggregated_gradients, num_groups=num_groups, groups=groups)

@@ -1,0 +1,217 @@
+"""hvdtrain.keras on real ranks, under Keras 3 and under tf-keras (TF_USE_LEGACY_KERAS=1):
+model.fit with DistributedOptimizer equals one process with the whole batch; the callbacks
+broadcast, average metrics and warm the learning rate up as Horovod's do; SyncBatchNormalization
+normalizes over the global batch; BestModelCheckpoint writes from rank 0 only."""
+
+import os
+
+import numpy as np
+import pytest
+
+FEATURES, BATCH, EPOCHS = 5, 4, 2
+
+
+def ranks_keras(checkpoint_dir):
+    import tensorflow as tf
+
+    import hvdtrain.keras as hvd
+
+    hvd.init()
+    tf.keras.backend.set_floatx("float64")
+    for check in (check_fit_equivalence_and_metric_average, check_broadcast_callback, check_warmup,
+                  check_sync_batch_normalization, check_bad_arguments):
+        check(tf, hvd)
+    check_best_model_checkpoint(tf, hvd, checkpoint_dir)
+
+
+def _data(n):
+    rng = np.random.default_rng(3)
+    features = rng.normal(size=(8 * n * BATCH, FEATURES))
+    return features, np.tanh(features @ rng.normal(size=(FEATURES, 1)))
+
+
+def _model(tf, seed):
+    tf.keras.utils.set_random_seed(seed)
+    return tf.keras.Sequential([tf.keras.Input((FEATURES,)), tf.keras.layers.Dense(6, activation="tanh"),
+                                tf.keras.layers.Dense(1)])
+
+
+def _rows_of_rank(n, r, passes_total, batch=BATCH):
+    """This rank's rows, in order: its share of every global batch of n*batch rows."""
+    return np.concatenate([np.arange(p * n * batch + r * batch, p * n * batch + (r + 1) * batch)
+                           for p in range(passes_total)])
+
+
+def _fit_alone(tf, features, targets, batch_size, initial_weights):
+    model = _model(tf, 0)
+    model.set_weights(initial_weights)
+    model.compile(loss="mse", optimizer=tf.keras.optimizers.SGD(0.05, momentum=0.9))
+    model.fit(features, targets, batch_size=batch_size, epochs=EPOCHS, shuffle=False, verbose=0)
+    return model.get_weights()
+
+
+def check_fit_equivalence_and_metric_average(tf, hvd):
+    """float64: N ranks x batch b give the weights of one process with batch N*b; with
+    backward_passes_per_step=2 (gradients summed locally, averaged) those of batch 2*N*b.
+    MetricAverageCallback hands later callbacks (History) the mean of the ranks' losses."""
+    from hvdtrain.tensorflow import allgather_object
+
+    n, r = hvd.size(), hvd.rank()
+    features, targets = _data(n)
+    initial = _model(tf, 0).get_weights()
+
+    class LocalLogs(tf.keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.losses = []
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.losses.append(logs["loss"])
+
+    for passes in (1, 2):
+        model = _model(tf, 0)
+        optimizer = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.05, momentum=0.9),
+                                             backward_passes_per_step=passes, average_aggregated_gradients=True)
+        model.compile(loss="mse", optimizer=optimizer)
+        local = LocalLogs()
+        rows = _rows_of_rank(n, r, len(features) // (n * BATCH))
+        history = model.fit(features[rows], targets[rows], batch_size=BATCH, epochs=EPOCHS, shuffle=False,
+                            verbose=0, callbacks=[local, hvd.callbacks.MetricAverageCallback()])
+        reference = _fit_alone(tf, features, targets, n * BATCH * passes, initial)
+        for got, want in zip(model.get_weights(), reference):
+            np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-13, err_msg=f"passes={passes}")
+        every_rank = allgather_object(local.losses)
+        np.testing.assert_allclose(history.history["loss"], np.mean(every_rank, axis=0), rtol=1e-12)
+        assert len({tuple(losses) for losses in every_rank}) == n  # each rank's own losses differ
+
+
+def check_broadcast_callback(tf, hvd):
+    """Ranks that start from different weights train in lockstep from rank 0's after
+    BroadcastGlobalVariablesCallback: equal everywhere, and equal to one process started
+    from rank 0's weights."""
+    from hvdtrain.tensorflow import allgather_object, broadcast_object
+
+    n, r = hvd.size(), hvd.rank()
+    features, targets = _data(n)
+    model = _model(tf, 100 + r)
+    root_initial = broadcast_object(model.get_weights(), root_rank=0)
+    model.compile(loss="mse", optimizer=hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.05, momentum=0.9)))
+    rows = _rows_of_rank(n, r, len(features) // (n * BATCH))
+    model.fit(features[rows], targets[rows], batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    weights = model.get_weights()
+    for other in allgather_object(weights):
+        for mine, theirs in zip(weights, other):
+            np.testing.assert_array_equal(mine, theirs)
+    for got, want in zip(weights, _fit_alone(tf, features, targets, n * BATCH, root_initial)):
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-13)
+
+    model = _model(tf, 200 + r)
+    assert not np.array_equal(*allgather_object(model.get_weights()[0])[:2])
+    hvd.broadcast_global_variables(0, model=model)
+    for weights_of_rank in allgather_object(model.get_weights()):
+        for got, want in zip(weights_of_rank, model.get_weights()):
+            np.testing.assert_array_equal(got, want)
+    with pytest.raises(RuntimeError, match="needs the model"):
+        hvd.broadcast_global_variables(0)
+
+
+def check_warmup(tf, hvd):
+    """LearningRateWarmupCallback sets, before batch b of epoch e < warmup_epochs,
+    lr = initial_lr / size * ((e + (b + 1) / steps) * (size - 1) / warmup_epochs + 1), then
+    stays at initial_lr; with tf-keras's legacy SGD it also corrects the momentum for the
+    batch after each change and restores it."""
+    n = hvd.size()
+    legacy = os.environ.get("TF_USE_LEGACY_KERAS") == "1"
+    features, targets = _data(n)
+    steps, warmup_epochs, initial_lr = 4, 2, 0.04 * n
+    seen = []
+
+    class Recorder(tf.keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            optimizer = self.model.optimizer
+            momentum = float(np.asarray(optimizer.momentum))
+            seen.append((float(np.asarray(optimizer.learning_rate)), momentum))
+
+    sgd = tf.keras.optimizers.legacy.SGD if legacy else tf.keras.optimizers.SGD
+    model = _model(tf, 0)
+    model.compile(loss="mse", optimizer=hvd.DistributedOptimizer(sgd(initial_lr, momentum=0.5)))
+    callbacks = [hvd.callbacks.LearningRateWarmupCallback(initial_lr, warmup_epochs=warmup_epochs,
+                                                          momentum_correction=legacy),
+                 Recorder()]
+    history = model.fit(features[:steps * BATCH], targets[:steps * BATCH], batch_size=BATCH, epochs=3,
+                        shuffle=False, verbose=0, callbacks=callbacks)
+    expected, previous = [], initial_lr
+    for epoch in range(3):
+        for batch in range(steps):
+            lr = (initial_lr / n * ((epoch + (batch + 1) / steps) * (n - 1) / warmup_epochs + 1)
+                  if epoch < warmup_epochs else initial_lr)
+            corrected = legacy and epoch < warmup_epochs
+            expected.append((lr, 0.5 * lr / previous if corrected else 0.5))
+            previous = lr
+    np.testing.assert_allclose(seen, expected, rtol=1e-6)
+    np.testing.assert_allclose(history.history["lr"], [initial_lr / n * ((e + 1) * (n - 1) / 2 + 1) for e in (0, 1)]
+                               + [initial_lr], rtol=1e-6)
+    assert float(np.asarray(model.optimizer.momentum)) == 0.5  # restored after the last correction
+
+
+def check_sync_batch_normalization(tf, hvd):
+    """SyncBatchNormalization on N ranks x batch b normalizes like BatchNormalization on the
+    global batch N*b, and updates the moving statistics alike."""
+    from hvdtrain.tensorflow import SyncBatchNormalization
+
+    n, r = hvd.size(), hvd.rank()
+    inputs = np.random.default_rng(5).normal(size=(n * 6, 3)) * 3 + 1
+    synced, alone = SyncBatchNormalization(), tf.keras.layers.BatchNormalization()
+    mine = synced(tf.constant(inputs[r * 6:(r + 1) * 6]), training=True)
+    everything = alone(tf.constant(inputs), training=True)
+    np.testing.assert_allclose(mine, np.asarray(everything)[r * 6:(r + 1) * 6], rtol=1e-9, atol=1e-12)
+    for got, want in zip(synced.get_weights(), alone.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+def check_best_model_checkpoint(tf, hvd, checkpoint_dir):
+    from hvdtrain.tensorflow import allgather_object
+
+    n, r = hvd.size(), hvd.rank()
+    features, targets = _data(n)
+    model = _model(tf, 0)
+    model.compile(loss="mse", optimizer=hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.05)))
+    checkpoint = hvd.callbacks.BestModelCheckpoint(monitor="val_loss", save_weights_only=True,
+                                                   filepath=os.path.join(checkpoint_dir, f"rank{r}.weights.h5"))
+    model.fit(features, targets, batch_size=BATCH, epochs=1, verbose=0, validation_data=(features, targets),
+              callbacks=[checkpoint])
+    allgather_object(None)  # every rank has finished writing
+    assert sorted(os.listdir(checkpoint_dir)) == ["rank0.weights.h5"]
+
+
+def check_bad_arguments(tf, hvd):
+    """Clear errors for what Horovod rejects, and for what hvdtrain cannot do."""
+    import hvdtrain.tensorflow as hvd_tf
+
+    sgd = tf.keras.optimizers.SGD(0.1)
+    with pytest.raises(ValueError, match="only supports Average and Sum"):
+        hvd.DistributedOptimizer(sgd, op=hvd_tf.Min)
+    with pytest.raises(ValueError, match="backward_passes_per_step"):
+        hvd.DistributedOptimizer(sgd, backward_passes_per_step=0)
+    with pytest.raises(ValueError, match="gradient_predivide_factor"):
+        hvd_tf.DistributedGradientTape(tf.GradientTape(), op=hvd_tf.Sum, gradient_predivide_factor=2.0)
+    with pytest.raises(ValueError, match="groups"):
+        hvd_tf.DistributedGradientTape(tf.GradientTape(), groups=-1)
+    with pytest.raises(NotImplementedError, match="Adasum"):
+        hvd_tf.allreduce(tf.ones(2), op=hvd_tf.Adasum)
+    with pytest.raises(NotImplementedError, match="TF1 optimizer"):
+        hvd_tf.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.1))
+    wrapped = hvd_tf.DistributedOptimizer(sgd)  # Keras optimizers go to hvdtrain.keras
+    assert isinstance(wrapped, type(sgd)) and type(wrapped).__name__ == "SGD" and wrapped._hvdtrain.reduction
+    with pytest.raises(ValueError, match="filepath"):
+        hvd.callbacks.BestModelCheckpoint()
+    logs = {"loss": 1.0} if hvd.rank() == 0 else {"loss": 1.0, "extra": 2.0}
+    with pytest.raises(ValueError, match="every rank must log the same metrics"):
+        hvd.callbacks.MetricAverageCallback().on_epoch_end(0, logs)
+
+
+@pytest.mark.parametrize("keras", ["keras3", "tf-keras"])
+def test_keras(mpirun, tmp_path, keras):
+    env = {"TF_CPP_MIN_LOG_LEVEL": "1", "TF_USE_LEGACY_KERAS": "1" if keras == "tf-keras" else "0"}
+    mpirun(2, ranks_keras, str(tmp_path), timeout=240, env=env)
