@@ -12,6 +12,7 @@ together. Ratios above 1 mean the engine is faster than the reference.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -27,6 +28,20 @@ def gradient_shapes(model_name):
 
     model = getattr(torchvision.models, model_name)()
     return [(name, tuple(p.shape)) for name, p in model.named_parameters()]
+
+
+@contextlib.contextmanager
+def environment(**variables):
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def median_time(run, warmup, repeats, barrier):
@@ -106,9 +121,14 @@ def main():
         "bucket_average": engine_time(in_bucket, AVERAGE, args.warmup, args.repeats, bucket),
         "separate_sum": engine_time(separate, SUM, args.warmup, args.repeats),
     }
-    os.environ["HOROVOD_FUSION_THRESHOLD"] = "0"
-    engine["separate_sum_fusion_off"] = engine_time(separate, SUM, args.warmup, args.repeats)
-    del os.environ["HOROVOD_FUSION_THRESHOLD"]
+    with environment(HOROVOD_FUSION_THRESHOLD="0"):
+        engine["separate_sum_fusion_off"] = engine_time(separate, SUM, args.warmup, args.repeats)
+    # Negotiation alone: as many tensors, of one element each, with the response cache (one
+    # bit-vector allreduce per cycle) and without it (the coordinator gathers every request).
+    tiny = [(name, np.ones(1, np.float32)) for name, _ in shapes]
+    negotiation = {"cached": engine_time(tiny, SUM, args.warmup, args.repeats)}
+    with environment(HOROVOD_CACHE_CAPACITY="0"):
+        negotiation["uncached"] = engine_time(tiny, SUM, args.warmup, args.repeats)
 
     if MPI.COMM_WORLD.Get_rank() != 0:
         return
@@ -122,6 +142,7 @@ def main():
         "raw_mpi_ms": {k: round(v * 1e3, 2) for k, v in raw.items()},
         "engine_ms": {k: round(v * 1e3, 2) for k, v in engine.items()},
         "ratio_best_raw_over_engine": {k: round(best / v, 3) for k, v in engine.items()},
+        "negotiation_ms": {k: round(v * 1e3, 3) for k, v in negotiation.items()},
     }
     print(f"{args.model}: {len(shapes)} tensors, {report['megabytes']} MB, {report['ranks']} ranks; "
           f"median of {args.repeats} after {args.warmup} warm-up")
@@ -136,6 +157,9 @@ def main():
     }
     for key, label in labels.items():
         print(f"  {label:<42} {engine[key] * 1e3:8.2f} ms   (b)/this = {best / engine[key]:.3f}")
+    print(f"  negotiation of {len(shapes)} one-element tensors: {negotiation['cached'] * 1e3:.2f} ms with the "
+          f"response cache, {negotiation['uncached'] * 1e3:.2f} ms through the coordinator "
+          f"(HOROVOD_CACHE_CAPACITY=0)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)

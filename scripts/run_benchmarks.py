@@ -1,0 +1,106 @@
+"""Run the benchmarks side by side and print the README's table.
+
+    python scripts/run_benchmarks.py [--repeats 3] [--ranks 2] [--out benchmarks.json]
+
+This machine is shared and noisy, so every comparison is a ratio of runs made in turns in
+one session, and each figure is the median over --repeats rounds:
+  - the engine against raw MPI (scripts/bench_allreduce.py, itself a median of 11 timings);
+  - training throughput of hvdtrain.torch against PyTorch DDP (gloo) at --ranks ranks, and
+    against the plain single-process loop with the same per-rank share of cores
+    (scripts/synthetic_benchmark.py).
+"""
+
+import argparse
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from hvdtrain import launcher
+
+SCRIPTS = Path(__file__).resolve().parent
+
+
+def run_ranks(num_proc, argv, timeout=1800):
+    env = launcher.worker_environment(num_proc)
+    command = launcher.mpirun_command([sys.executable, "-u", *argv], num_proc=num_proc, env=env)
+    result = launcher.run(command, env=env, timeout=timeout, capture=True)
+    if result.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)} failed:\n{result.stdout}")
+    return result.stdout
+
+
+def plain_loop(argv, threads, timeout=1800):
+    env = launcher.worker_environment(1, dict(os.environ, OMP_NUM_THREADS=str(threads)))
+    result = subprocess.run([sys.executable, "-u", *argv], env=env, capture_output=True, text=True, timeout=timeout)
+    if result.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)} failed:\n{result.stdout}{result.stderr}")
+    return result.stdout
+
+
+def total_images_per_second(output):
+    return float(re.search(r"Total img/sec on \d+ \w+\(s\): ([\d.]+)", output).group(1))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--model", default="resnet50")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--out", help="write the figures as JSON here")
+    args = parser.parse_args()
+
+    synthetic = [str(SCRIPTS / "synthetic_benchmark.py"), "--no-cuda", "--model", args.model,
+                 "--batch-size", str(args.batch_size), "--num-warmup-batches", "2",
+                 "--num-batches-per-iter", "2", "--num-iters", "5"]
+    threads = launcher.threads_per_rank(args.ranks)
+    rounds = []
+    for round_index in range(args.repeats):
+        with tempfile.NamedTemporaryFile(suffix=".json") as report:
+            run_ranks(args.ranks, [str(SCRIPTS / "bench_allreduce.py"), "--json", report.name])
+            allreduce = json.load(open(report.name))
+        figures = {
+            "allreduce": allreduce,
+            "hvdtrain_img_s": total_images_per_second(run_ranks(args.ranks, synthetic)),
+            "ddp_img_s": total_images_per_second(run_ranks(args.ranks, synthetic + ["--ddp"])),
+            "plain_img_s": total_images_per_second(plain_loop(synthetic, threads)),
+        }
+        rounds.append(figures)
+        print(f"round {round_index + 1}: {json.dumps({k: v for k, v in figures.items() if k != 'allreduce'})} "
+              f"allreduce ratios {allreduce['ratio_best_raw_over_engine']}", flush=True)
+
+    def median(select):
+        return statistics.median(select(r) for r in rounds)
+
+    ratios = rounds[0]["allreduce"]["ratio_best_raw_over_engine"].keys()
+    summary = {
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+        "ranks": args.ranks,
+        "repeats": args.repeats,
+        "allreduce_ms": {k: median(lambda r: r["allreduce"]["engine_ms"][k]) for k in ratios},
+        "raw_mpi_best_ms": median(lambda r: min(r["allreduce"]["raw_mpi_ms"].values())),
+        "raw_over_engine": {k: median(lambda r: r["allreduce"]["ratio_best_raw_over_engine"][k]) for k in ratios},
+        "synthetic": {
+            "model": args.model,
+            "per_rank_batch": args.batch_size,
+            "hvdtrain_img_s": median(lambda r: r["hvdtrain_img_s"]),
+            "ddp_img_s": median(lambda r: r["ddp_img_s"]),
+            "plain_img_s": median(lambda r: r["plain_img_s"]),
+            "hvdtrain_over_ddp": median(lambda r: r["hvdtrain_img_s"] / r["ddp_img_s"]),
+            "scaling_efficiency": median(lambda r: r["hvdtrain_img_s"] / (args.ranks * r["plain_img_s"])),
+            "ddp_scaling_efficiency": median(lambda r: r["ddp_img_s"] / (args.ranks * r["plain_img_s"])),
+        },
+    }
+    print(json.dumps(summary, indent=2))
+    if args.out:
+        Path(args.out).write_text(json.dumps({"summary": summary, "rounds": rounds}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
