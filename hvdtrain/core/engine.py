@@ -17,12 +17,13 @@ import sys
 import threading
 import time
 import traceback
+from dataclasses import dataclass
 
 import numpy as np
 
 from .exceptions import HorovodInternalError, TensorMismatchError
 from .mpi_backend import REDUCIBLE_DTYPES, MpiBackend
-from .negotiation import CACHEABLE_KINDS, Coordinator, ResponseCache
+from .negotiation import AUTO_NAME_MARK, Coordinator, ResponseCache, cacheable
 from .requests import REDUCING_KINDS, Entry, Handle, Kind, ReduceOp, Request, numpy_dtype
 from .timeline import Timeline
 from .discovery import discover
@@ -61,8 +62,10 @@ class Engine:
         self._lock = threading.Lock()
         self._submitted = collections.deque()
         self._in_flight = set()
+        self._buckets = {}  # bucket name -> (flat array, its address), checked once
         self._unnamed = collections.Counter()
         self._pending = {}  # name -> Entry; touched only by the engine thread
+        self._hit_plans = {}  # ready cache bits -> (cache version, plan, names)
         self._join_entry = None
         self._stop_requested = False
         self._stopped_error = None
@@ -75,7 +78,7 @@ class Engine:
     def auto_name(self, kind):
         with self._lock:
             self._unnamed[kind] += 1
-            return f"{kind.value}.noname.{self._unnamed[kind]}"
+            return f"{kind.value}{AUTO_NAME_MARK}{self._unnamed[kind]}"
 
     def submit(self, kind, array=None, *, name=None, output=None, op=ReduceOp.SUM, prescale=1.0,
                postscale=1.0, root=0, splits=None, bucket=None) -> Handle:
@@ -136,10 +139,6 @@ class Engine:
             raise TypeError(f"collective '{name}': expected a NumPy array, got {type(array).__name__}")
         if not array.flags.c_contiguous:
             raise ValueError(f"collective '{name}': the tensor must be contiguous")
-        if array.dtype.hasobject:
-            raise TypeError(
-                f"collective '{name}': cannot send dtype {array.dtype}, which holds Python object references"
-            )
         if output is not None and output is not array and (
             not output.flags.c_contiguous or output.shape != array.shape or output.dtype != array.dtype
         ):
@@ -151,8 +150,9 @@ class Engine:
         written = output if output is not None else array if kind in (Kind.ALLREDUCE, Kind.BROADCAST) else None
         if written is not None and not written.flags.writeable:
             raise ValueError(f"collective '{name}': the array the result goes into is read-only")
-        dtype = array.dtype.name
-        op = ReduceOp(op)
+        dtype = _dtype_name(name, array.dtype)
+        if op.__class__ is not ReduceOp:
+            op = ReduceOp(op)
         if kind in REDUCING_KINDS:
             if op == ReduceOp.ADASUM:
                 raise NotImplementedError(f"collective '{name}': op Adasum is not supported by hvdtrain")
@@ -179,9 +179,26 @@ class Engine:
                 )
         bucket_name, offset = "", -1
         if bucket is not None:
-            bucket_name, offset = bucket[0], _offset_in_bucket(name, array, output, bucket[1])
+            bucket_name, offset = bucket[0], self._offset_in_bucket(name, array, output, *bucket)
         return Request(name, kind, dtype, array.shape, op, float(prescale), float(postscale), int(root), "cpu",
                        bucket_name, offset)
+
+    def _offset_in_bucket(self, name, array, output, bucket_name, bucket):
+        """The element offset of `array` in the flat array `bucket`, checking it lies inside.
+        The bucket itself is checked once per array object: this runs for every gradient."""
+        if output is not None and output is not array:
+            raise ValueError(f"allreduce '{name}': a tensor in a bucket must be reduced in place")
+        known = self._buckets.get(bucket_name)
+        if known is None or known[0] is not bucket:
+            if bucket.ndim != 1 or not bucket.flags.c_contiguous:
+                raise ValueError(f"allreduce '{name}': bucket '{bucket_name}' must be a flat contiguous array")
+            known = self._buckets[bucket_name] = (bucket, _address(bucket))
+        if bucket.dtype != array.dtype:
+            raise ValueError(f"allreduce '{name}': bucket '{bucket_name}' holds {bucket.dtype}, not {array.dtype}")
+        offset, misaligned = divmod(_address(array) - known[1], array.itemsize)
+        if misaligned or offset < 0 or offset + array.size > bucket.size:
+            raise ValueError(f"allreduce '{name}': the tensor does not lie inside bucket '{bucket_name}'")
+        return offset
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -252,10 +269,8 @@ class Engine:
             self._stop(SHUT_DOWN_MESSAGE)
             return False
 
-        ready_at = time.perf_counter()
         if ready_hits:
-            cache = self._cache
-            self._execute([cache.by_id(i).response for i in _set_bits(ready_hits)], ready_at, cacheable=True)
+            self._run_plan(self._plan_of_hits(ready_hits), time.perf_counter())
 
         if flags & (_WANTS_ROUND | _JOINED):
             some_rank_joined = bool(flags & _JOINED)
@@ -273,7 +288,13 @@ class Engine:
             if result.shutdown_message:
                 self._stop(result.shutdown_message)
                 return False
-            self._execute(result.responses, time.perf_counter(), cacheable=not some_rank_joined)
+            ready_at = time.perf_counter()
+            if not some_rank_joined:  # a joined rank has no request of its own to cache
+                for response in result.responses:
+                    if cacheable(response):
+                        local = self._pending.get(response.name)
+                        self._cache.put(response.request if local is None else local.request, response)
+            self._run_plan(self._plan(result.responses), ready_at)
         return True
 
     def _classify(self):
@@ -282,13 +303,14 @@ class Engine:
         (so that the stall inspector can name the ranks missing them)."""
         cache = self._cache
         stale_after = self.settings.stall_check_time_s if self.settings.stall_check_enabled else float("inf")
+        submitted_before = time.perf_counter() - stale_after
         hits = 0
         uncached = []
         for entry in self._pending.values():
             if entry.sent_to_coordinator:
                 continue
             cached = cache.get(entry.name)
-            if cached is not None and cached.request == entry.request and entry.age() < stale_after:
+            if cached is not None and cached.request == entry.request and entry.submitted_at > submitted_before:
                 hits |= 1 << cached.id
             else:
                 uncached.append(entry)
@@ -323,34 +345,55 @@ class Engine:
 
     # ---------------------------------------------------------------- execution
 
-    def _execute(self, responses, ready_at, cacheable):
-        """Run agreed responses in their order, fusing compatible allreduces."""
+    def _plan_of_hits(self, ready_hits):
+        """The plan for cached tensors ready everywhere. Training submits the same tensors
+        every step, so the plan of a set of cache ids is made once and reused while the
+        cache keeps them."""
+        cache = self._cache
+        version, plan, names = self._hit_plans.get(ready_hits, (None, None, None))
+        if version != cache.version:
+            responses = [cache.by_id(i).response for i in _set_bits(ready_hits)]
+            plan, names = self._plan(responses), [response.name for response in responses]
+            if len(self._hit_plans) >= 256:
+                self._hit_plans.clear()
+            self._hit_plans[ready_hits] = (cache.version, plan, names)
+        for name in names:
+            cache.touch(name)
+        return plan
+
+    def _plan(self, responses):
+        """The steps that run agreed responses: each non-allreduce response on its own, in
+        order, and allreduces fused into batches of one dtype, op and scale up to the fusion
+        threshold. It depends on the responses alone, so every rank makes the same plan."""
         threshold = self.settings.fusion_threshold_bytes
-        batches = {}  # fusion key -> (responses, bytes), in order of first appearance
+        steps = []
+        open_batches = {}  # fusion key -> (responses, bytes), in order of first appearance
         for response in responses:
-            if response.error is not None:
-                self._fail_response(response)
-                continue
-            if response.kind == Kind.JOIN:
-                self._finish_join(response)
-                continue
             request = response.request
-            if cacheable and response.kind in CACHEABLE_KINDS:
-                local = self._pending.get(response.name)
-                self._cache.put(request if local is None else local.request, response)
-            if response.kind != Kind.ALLREDUCE:
-                self._run_single(response, ready_at)
+            if response.error is not None or response.kind != Kind.ALLREDUCE:
+                steps.append(response)
+                continue
+            key = (request.dtype, request.op, request.prescale, request.postscale, request.device)
+            size = request.nbytes
+            batch, nbytes = open_batches.get(key, ([], 0))
+            if batch and (threshold == 0 or nbytes + size > threshold):
+                steps.append(_Batch.of(batch, self.size))
+                batch, nbytes = [], 0
+            batch.append(response)
+            open_batches[key] = (batch, nbytes + size)
+        steps.extend(_Batch.of(batch, self.size) for batch, _ in open_batches.values() if batch)
+        return steps
+
+    def _run_plan(self, plan, ready_at):
+        for step in plan:
+            if step.__class__ is _Batch:
+                self._run_allreduces(step, ready_at)
+            elif step.error is not None:
+                self._fail_response(step)
+            elif step.kind == Kind.JOIN:
+                self._finish_join(step)
             else:
-                key = (request.dtype, request.op, request.prescale, request.postscale, request.device)
-                batch, nbytes = batches.get(key, ([], 0))
-                if batch and (threshold == 0 or nbytes + request.nbytes > threshold):
-                    self._run_allreduces(batch, ready_at)
-                    batch, nbytes = [], 0
-                batch.append(response)
-                batches[key] = (batch, nbytes + request.nbytes)
-        for batch, _ in batches.values():
-            if batch:
-                self._run_allreduces(batch, ready_at)
+                self._run_single(step, ready_at)
 
     def _local_entry(self, response):
         entry = self._pending.get(response.name)
@@ -358,13 +401,12 @@ class Engine:
             raise HorovodInternalError(f"rank {self.rank} was asked to run '{response.name}', which it never submitted")
         return entry
 
-    def _run_allreduces(self, responses, ready_at):
+    def _run_allreduces(self, batch, ready_at):
         """Run one fused batch. Tensors of one bucket that lie next to each other form one
-        region; the regions are built from the agreed requests alone, so that every rank
-        (a joined one too, which reduces zeros) makes the same transport calls."""
-        request = responses[0].request
+        region; the regions come from the agreed requests alone, so that every rank (a joined
+        one too, which reduces zeros) makes the same transport calls."""
+        responses, groups = batch.responses, batch.regions
         entries = [self._local_entry(response) for response in responses]
-        groups = _regions([response.request for response in responses])
         sources, destinations = [], []
         for group in groups:
             first, last = responses[group[0]].request, responses[group[-1]].request
@@ -383,7 +425,6 @@ class Engine:
                 source = entry.array.reshape(-1)
                 sources.append(source)
                 destinations.append(source if entry.output is entry.array else entry.output.reshape(-1))
-        postscale = request.postscale / self.size if request.op == ReduceOp.AVERAGE else request.postscale
         timeline = self._timeline
         record = None
         started = time.perf_counter()
@@ -394,15 +435,14 @@ class Engine:
                         if entries[i] is not None:
                             timeline.span(entries[i].name, phase, start, end)
 
-        self._backends[request.device].allreduce(sources, destinations, request.op, request.prescale,
-                                                 postscale, record)
+        self._backends[batch.device].allreduce(sources, destinations, batch.op, batch.prescale, batch.postscale,
+                                               record)
         finished = time.perf_counter()
-        for entry in entries:
-            if entry is None:
-                continue
-            if timeline is not None:
+        entries = [entry for entry in entries if entry is not None]
+        if timeline is not None:
+            for entry in entries:
                 self._record_lifetime(timeline, entry, "ALLREDUCE", ready_at, started, finished)
-            self._finish(entry, entry.output)
+        self._finish_all(entries)
 
     def _run_single(self, response, ready_at):
         entry = self._local_entry(response)
@@ -443,6 +483,16 @@ class Engine:
             self._in_flight.discard(entry.name)
         entry.handle._finish(result, error)
 
+    def _finish_all(self, entries):
+        """Finish allreduces (their result is their output), taking the lock once."""
+        pending = self._pending
+        for entry in entries:
+            del pending[entry.request.name]
+        with self._lock:
+            self._in_flight.difference_update(entry.request.name for entry in entries)
+        for entry in entries:
+            entry.handle._finish(entry.output)
+
     def _fail_response(self, response):
         entry = self._pending.get(response.name)
         if entry is None:
@@ -471,17 +521,21 @@ class Engine:
             log.error(message)
 
 
-def _offset_in_bucket(name, array, output, bucket):
-    """The element offset of `array` in the flat array `bucket`, checking it lies inside."""
-    if output is not None and output is not array:
-        raise ValueError(f"allreduce '{name}': a tensor in a bucket must be reduced in place")
-    if bucket.ndim != 1 or bucket.dtype != array.dtype or not bucket.flags.c_contiguous:
-        raise ValueError(f"allreduce '{name}': the bucket must be a flat contiguous array of dtype {array.dtype}")
-    start = array.__array_interface__["data"][0] - bucket.__array_interface__["data"][0]
-    offset, misaligned = divmod(start, array.itemsize)
-    if misaligned or offset < 0 or offset + array.size > bucket.size:
-        raise ValueError(f"allreduce '{name}': the tensor does not lie inside its bucket")
-    return offset
+_DTYPE_NAMES = {}
+
+
+def _dtype_name(name, dtype):
+    """`dtype.name`, which NumPy builds anew on every call (microseconds: it counts here)."""
+    found = _DTYPE_NAMES.get(dtype)
+    if found is None:
+        if dtype.hasobject:
+            raise TypeError(f"collective '{name}': cannot send dtype {dtype}, which holds Python object references")
+        found = _DTYPE_NAMES[dtype] = dtype.name
+    return found
+
+
+def _address(array):
+    return array.__array_interface__["data"][0]
 
 
 def _regions(requests):
@@ -498,3 +552,22 @@ def _regions(requests):
         previous_end = (bucket, offset + math.prod(requests[i].shape))
     regions.extend([i] for i, r in enumerate(requests) if not r.bucket)
     return regions
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """Allreduces fused into one run: same dtype, op, scale factors and device."""
+
+    responses: tuple
+    regions: tuple  # groups of positions in `responses` reduced as one memory region
+    op: ReduceOp
+    prescale: float
+    postscale: float  # with Average's 1/size folded in
+    device: str
+
+    @classmethod
+    def of(cls, responses, size):
+        request = responses[0].request
+        postscale = request.postscale / size if request.op == ReduceOp.AVERAGE else request.postscale
+        regions = tuple(tuple(group) for group in _regions([r.request for r in responses]))
+        return cls(tuple(responses), regions, request.op, request.prescale, postscale, request.device)

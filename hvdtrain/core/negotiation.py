@@ -22,9 +22,14 @@ from .requests import RAGGED_KINDS, REDUCING_KINDS, Kind, Request, Response
 
 log = logging.getLogger("hvdtrain.core")
 
-CACHEABLE_KINDS = frozenset(
-    (Kind.ALLREDUCE, Kind.ALLGATHER, Kind.BROADCAST, Kind.ALLTOALL, Kind.REDUCESCATTER, Kind.BARRIER)
-)
+CACHEABLE_KINDS = frozenset((Kind.ALLREDUCE, Kind.ALLGATHER, Kind.BROADCAST, Kind.ALLTOALL, Kind.REDUCESCATTER))
+AUTO_NAME_MARK = ".noname."  # in the names the engine makes up for unnamed collectives
+
+
+def cacheable(response):
+    """Whether a response is worth caching: named collectives recur every step; a barrier,
+    or a collective the engine named itself, never recurs and would only crowd the cache."""
+    return response.error is None and response.kind in CACHEABLE_KINDS and AUTO_NAME_MARK not in response.name
 
 
 @dataclass
@@ -44,6 +49,7 @@ class ResponseCache:
         self._by_id: Dict[int, CacheEntry] = {}
         self._free_ids: List[int] = []
         self.id_limit = 0  # ids in use are < id_limit; the bit vector has this many bits
+        self.version = 0  # changes whenever an id in use comes to stand for something else
 
     def __len__(self):
         return len(self._by_name)
@@ -64,8 +70,10 @@ class ResponseCache:
         if entry is not None:
             entry.request, entry.response = request, response
             self._by_name.move_to_end(request.name)
+            self.version += 1
             return
         if len(self._by_name) >= self.capacity:
+            self.version += 1
             _, lru = self._by_name.popitem(last=False)
             del self._by_id[lru.id]
             heapq.heappush(self._free_ids, lru.id)
@@ -78,9 +86,14 @@ class ResponseCache:
         self._by_name[request.name] = entry
         self._by_id[cache_id] = entry
 
+    def touch(self, name):
+        """Mark `name` used (for the LRU order) without changing what it stands for."""
+        self._by_name.move_to_end(name)
+
     def evict(self, name):
         entry = self._by_name.pop(name, None)
         if entry is not None:
+            self.version += 1
             del self._by_id[entry.id]
             heapq.heappush(self._free_ids, entry.id)
 

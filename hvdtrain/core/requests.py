@@ -5,6 +5,7 @@ compared on every cycle, and tuples do both in C.
 """
 
 import enum
+import functools
 import math
 import threading
 import time
@@ -58,7 +59,7 @@ class Request(NamedTuple):
 
     @property
     def nbytes(self):
-        return math.prod(self.shape) * numpy_dtype(self.dtype).itemsize
+        return math.prod(self.shape) * itemsize(self.dtype)
 
 
 class Response(NamedTuple):
@@ -72,6 +73,11 @@ class Response(NamedTuple):
     error_values: Optional[dict] = None
     first_dims: Optional[Tuple[int, ...]] = None  # allgather: rows contributed by each rank
     last_joined_rank: int = -1
+
+
+@functools.lru_cache(maxsize=None)
+def itemsize(dtype_name):
+    return numpy_dtype(dtype_name).itemsize
 
 
 def numpy_dtype(name):
