@@ -1,13 +1,16 @@
-"""Checkpoint files: written atomically, the last K kept, the newest valid one found again.
+"""Checkpoint files: written atomically, the last K kept, the newest valid one found again, and
+the metadata every checkpoint carries beside the model.
 
 The bytes come from the framework's training loop (train_torch.py serializes with torch.save and
-reads back with torch.load(weights_only=True)); this module only deals with files, so that
-another framework's loop can use it as it is.
+reads back with torch.load(weights_only=True), train_tensorflow.py writes NumPy .npz archives);
+this module deals with files and metadata, so that every framework's loop uses it as it is.
 """
 
 import os
 import warnings
 from pathlib import Path
+
+from hvdtrain.config import config_hash
 
 PATTERN = "step-*.ckpt"
 
@@ -54,3 +57,53 @@ def load_newest_valid(directory, decode):
             warnings.warn(f"skipping checkpoint {path}: it cannot be read ({type(error).__name__}: {error})",
                           stacklevel=2)
     return None, None
+
+
+def fresh_start():
+    """Where a run without a checkpoint starts, in the terms of a checkpoint's metadata."""
+    return {"epoch": 0, "step": 0, "global_step": 0, "metrics": {}, "elapsed_s": 0.0, "path": None}
+
+
+def metadata(cfg, epoch, step, global_step, world_size, metrics, elapsed_s):
+    """The metadata of a checkpoint taken before step `step` of `epoch`: everything a resumed run
+    needs besides the framework's state to go on exactly as this one would (see sharding.py for
+    why no RNG state is needed), and what identifies the run."""
+    return {
+        "epoch": epoch,
+        "step": step,
+        "global_step": global_step,
+        "samples_done_in_epoch": step * cfg.train.batch_size * cfg.train.backward_passes_per_step,
+        "seed": cfg.train.seed,
+        "world_size": world_size,
+        "config_hash": config_hash(cfg),
+        "metrics": metrics,
+        "elapsed_s": elapsed_s,
+    }
+
+
+def resume_state(directory, cfg, decode):
+    """On every rank of a job: the state of the newest valid checkpoint in `directory`, which rank
+    0 reads and broadcasts, or None when there is none. A checkpoint of another config or
+    another number of ranks stops every rank with the reason."""
+    from hvdtrain import core
+
+    state = None
+    if core.rank() == 0:
+        path, state = load_newest_valid(directory, decode)
+        if state is not None:
+            state["path"] = str(path)
+            problem = _mismatch(state, cfg, path, core.size())
+            state = RuntimeError(problem) if problem else state
+    state = core.broadcast_object(state, root_rank=0, name="checkpoint")
+    if isinstance(state, RuntimeError):
+        raise state
+    return state
+
+
+def _mismatch(state, cfg, path, world_size):
+    if state["config_hash"] != config_hash(cfg):
+        return f"checkpoint {path} was written by a run with another config; it cannot be resumed with this one"
+    if state["world_size"] != world_size:
+        return (f"checkpoint {path} was written by {state['world_size']} ranks and this run has {world_size}: "
+                f"resume on the same number of ranks")
+    return None

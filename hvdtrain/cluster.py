@@ -1,4 +1,5 @@
-"""Where the ranks run: the hosts of a cluster layout, and whether we already are inside a job.
+"""Where the ranks run: the hosts of a cluster layout, whether we already are inside a job, and
+the hosts of the job we are in.
 
 A layout (conf/cluster/*.yaml) says how many hosts and how many ranks (slots) per host. The host
 names come, in this order, from `cluster.hosts`, `cluster.hostfile`, or the Slurm allocation
@@ -6,8 +7,10 @@ names come, in this order, from `cluster.hosts`, `cluster.hostfile`, or the Slur
 any of them runs on this machine.
 """
 
+import collections
 import os
 import re
+import socket
 from pathlib import Path
 
 from hvdtrain.config import ConfigError
@@ -119,3 +122,11 @@ def inside_existing_job(env=None):
     if "PMIX_RANK" in env or ("SLURM_STEP_ID" in env and "SLURM_PROCID" in env):
         return int(env.get("SLURM_STEP_NUM_TASKS", "2")) > 1
     return False
+
+
+def job_hosts():
+    """Inside a running job (after init): its hosts and the number of ranks on each, in rank order."""
+    from hvdtrain import core  # only a running job needs the engine, not the `hvdtrain` command
+
+    counts = collections.Counter(core.allgather_object(socket.gethostname(), name="hostname"))
+    return [Host(name, slots) for name, slots in counts.items()]

@@ -4,13 +4,11 @@ Every rank runs `train(cfg, run_dir)`: init -> build the task (model, sharded da
 rank 0's weights, or from the newest valid checkpoint that rank 0 reads and broadcasts -> train
 with the DistributedOptimizer -> evaluate on sharded validation data with exactly reduced sums ->
 rank 0 logs, checkpoints and reports. Everything that is not PyTorch (plan, sharding, LR
-schedule, checkpoint files, logs, report) lives in framework-neutral modules, for a sibling loop
-(train_tensorflow.py) to use as well.
+schedule, checkpoint files, progress, logs, report) lives in framework-neutral modules, which
+the sibling loop train_tensorflow.py uses as well.
 """
 
-import collections
 import io
-import socket
 import time
 
 import torch
@@ -19,12 +17,10 @@ from torch.utils.data import DataLoader
 
 import hvdtrain.torch as hvd
 from hvdtrain import checkpoint, sharding
-from hvdtrain.config import config_hash
-from hvdtrain.launcher import Host
+from hvdtrain.cluster import job_hosts
 from hvdtrain.lr_schedule import learning_rate
-from hvdtrain.plan import make_plan, summary
-from hvdtrain.report import final_summary, write_report, write_results
-from hvdtrain.run_log import RunLog
+from hvdtrain.plan import make_plan
+from hvdtrain.progress import Progress
 from hvdtrain.tasks.data_torch import build_datasets
 from hvdtrain.tasks.models_torch import build_model
 
@@ -36,7 +32,7 @@ def train(cfg, run_dir):
     device = _device(cfg.train.device)
     torch.manual_seed(cfg.train.seed)
     train_set, val_set = build_datasets(cfg.data, cfg.model.num_classes, cfg.train.seed)
-    plan = make_plan(cfg, _hosts(), train_size=len(train_set))
+    plan = make_plan(cfg, job_hosts(), train_size=len(train_set))
     steps, epochs = plan.steps_per_epoch, cfg.train.epochs
     passes = cfg.train.backward_passes_per_step
     samples_per_step = cfg.train.batch_size * passes
@@ -50,22 +46,14 @@ def train(cfg, run_dir):
     scaler = torch.amp.GradScaler(device.type, enabled=cfg.train.autocast and device.type == "cuda")
     start = _start(cfg, run_dir, model, optimizer, scaler)
 
-    log = None
-    if rank == 0:
-        print(summary(plan, cfg, run_dir), flush=True)
-        if start["global_step"]:
-            print(f"hvdtrain: resuming at epoch {start['epoch']}, step {start['step']} ({start['path']})", flush=True)
-        log = RunLog(run_dir, steps * epochs, start["global_step"], size)
-
+    progress = Progress(cfg, plan, run_dir, start, session_start)
     global_step, metrics, lr = start["global_step"], start["metrics"], plan.base_lr
-    train_seconds, trained_steps = 0.0, 0
     for epoch in range(start["epoch"], epochs):
         model.train()
         first = start["step"] if epoch == start["epoch"] else 0
         shard = sharding.train_shard(len(train_set), cfg.train.seed, epoch, rank, size)
         batches = iter(_loader(train_set, shard[first * samples_per_step:steps * samples_per_step],
                                cfg, epoch, device))
-        window = _Window()
         for step in range(first, steps):
             began = time.perf_counter()
             lr = learning_rate(epoch + step / steps, cfg.schedule, plan.base_lr, plan.peak_lr, epochs)
@@ -73,36 +61,17 @@ def train(cfg, run_dir):
             torch.manual_seed(sharding.step_seed(cfg.train.seed, rank, global_step))
             loss = _train_step(model, optimizer, scaler, batches, passes, device, cfg.train.autocast)
             global_step += 1
-            elapsed = time.perf_counter() - began
-            train_seconds, trained_steps = train_seconds + elapsed, trained_steps + 1
-            window.add(loss, elapsed)
-            if log:
-                log.advance()
-            if global_step % cfg.train.log_every_steps == 0 or step == steps - 1:
-                train_loss = hvd.allreduce(torch.tensor(window.mean_loss()), op=hvd.Average, name="train.loss").item()
-                if log:
-                    log.record(event="train", step=global_step, epoch=epoch + (step + 1) / steps, lr=lr,
-                               loss=train_loss, samples_per_s=window.steps * plan.global_batch_size / window.seconds)
-                window = _Window()
+            progress.step_done(epoch, step, global_step, lr, loss, time.perf_counter() - began)
             every = cfg.train.checkpoint_every_steps
             if every and global_step % every == 0 and step < steps - 1:
                 _save(cfg, run_dir, model, optimizer, scaler, epoch, step + 1, global_step, metrics,
-                      start["elapsed_s"] + time.time() - session_start)
+                      progress.elapsed_s())
 
         if ((epoch + 1) % cfg.train.eval_every_epochs == 0 or epoch + 1 == epochs) and len(val_set):
             metrics = evaluate(model, val_set, cfg, device)
-            if log:  # the epoch's last step was logged just now: train_loss is its window's
-                log.record(event="eval", step=global_step, epoch=epoch + 1, lr=lr, loss=train_loss, **metrics)
-        _save(cfg, run_dir, model, optimizer, scaler, epoch + 1, 0, global_step, metrics,
-              start["elapsed_s"] + time.time() - session_start)
-
-    if log:
-        log.close()
-        samples_per_s = trained_steps * plan.global_batch_size / train_seconds if train_seconds else 0.0
-        results = write_results(run_dir, cfg, plan, epochs, metrics,
-                                start["elapsed_s"] + time.time() - session_start, samples_per_s)
-        write_report(run_dir, cfg, plan, results)
-        print(final_summary(results, run_dir), flush=True)
+            progress.evaluated(epoch + 1, global_step, lr, metrics)
+        _save(cfg, run_dir, model, optimizer, scaler, epoch + 1, 0, global_step, metrics, progress.elapsed_s())
+    progress.finish(metrics)
 
 
 def _train_step(model, optimizer, scaler, batches, passes, device, autocast):
@@ -158,38 +127,18 @@ def _average_buffers(model):
 def _start(cfg, run_dir, model, optimizer, scaler):
     """Where training starts: rank 0 reads the newest valid checkpoint, if any, and broadcasts it;
     otherwise every rank takes rank 0's initial weights."""
-    fresh = {"epoch": 0, "step": 0, "global_step": 0, "metrics": {}, "elapsed_s": 0.0, "path": None}
-    state = None
-    if hvd.rank() == 0:
-        path, state = checkpoint.load_newest_valid(run_dir / "checkpoints", _decode)
-        if state is not None:
-            state["path"] = str(path)
-            problem = _mismatch(state, cfg, path)
-            state = RuntimeError(problem) if problem else state
-    state = hvd.broadcast_object(state, root_rank=0, name="checkpoint")
-    if isinstance(state, RuntimeError):
-        raise state
+    state = checkpoint.resume_state(run_dir / "checkpoints", cfg, _decode)
     if state is None:
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-        return fresh
+        return checkpoint.fresh_start()
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     scaler.load_state_dict(state["scaler"])
     return state
 
 
-def _mismatch(state, cfg, path):
-    if state["config_hash"] != config_hash(cfg):
-        return f"checkpoint {path} was written by a run with another config; it cannot be resumed with this one"
-    if state["world_size"] != hvd.size():
-        return (f"checkpoint {path} was written by {state['world_size']} ranks and this run has {hvd.size()}: "
-                f"resume on the same number of ranks")
-    return None
-
-
 def _save(cfg, run_dir, model, optimizer, scaler, epoch, step, global_step, metrics, elapsed_s):
-    """Checkpoint (on rank 0) the state before step `step` of `epoch`: everything a resumed run
-    needs to go on exactly as this one would (see sharding.py for why no RNG state is needed)."""
+    """Checkpoint (on rank 0) the state before step `step` of `epoch`."""
     _average_buffers(model)
     if hvd.rank() != 0:
         return
@@ -197,15 +146,7 @@ def _save(cfg, run_dir, model, optimizer, scaler, epoch, step, global_step, metr
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
         "scaler": scaler.state_dict(),
-        "epoch": epoch,
-        "step": step,
-        "global_step": global_step,
-        "samples_done_in_epoch": step * cfg.train.batch_size * cfg.train.backward_passes_per_step,
-        "seed": cfg.train.seed,
-        "world_size": hvd.size(),
-        "config_hash": config_hash(cfg),
-        "metrics": metrics,
-        "elapsed_s": elapsed_s,
+        **checkpoint.metadata(cfg, epoch, step, global_step, hvd.size(), metrics, elapsed_s),
     }
     buffer = io.BytesIO()
     torch.save(state, buffer)
@@ -260,22 +201,3 @@ def _device(choice):
 
 def _autocast_dtype(device):
     return torch.float16 if device.type == "cuda" else torch.bfloat16
-
-
-def _hosts():
-    """The hosts of this job and the number of ranks on each, in rank order."""
-    counts = collections.Counter(hvd.allgather_object(socket.gethostname(), name="hostname"))
-    return [Host(name, slots) for name, slots in counts.items()]
-
-
-class _Window:
-    """Loss and time of the steps since the last log line."""
-
-    def __init__(self):
-        self.steps, self.loss, self.seconds = 0, 0.0, 0.0
-
-    def add(self, loss, seconds):
-        self.steps, self.loss, self.seconds = self.steps + 1, self.loss + loss, self.seconds + seconds
-
-    def mean_loss(self):
-        return self.loss / max(self.steps, 1)

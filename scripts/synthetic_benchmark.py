@@ -1,29 +1,39 @@
 """Training throughput on synthetic data, with the flags and output lines of Horovod's
-PyTorch synthetic benchmark.
+synthetic benchmarks for PyTorch and TensorFlow 2.
 
     mpirun -np 2 python scripts/synthetic_benchmark.py --model resnet50 --batch-size 8 --no-cuda
+    mpirun -np 2 python scripts/synthetic_benchmark.py --framework tensorflow --model resnet50 ...
     mpirun -np 2 python scripts/synthetic_benchmark.py --ddp ...     # PyTorch DDP on gloo instead
     python scripts/synthetic_benchmark.py --no-cuda ...               # one process: the plain loop
 
---ddp runs the same loop with torch.nn.parallel.DistributedDataParallel (gloo backend), its
+PyTorch trains a torchvision model through hvdtrain.torch's DistributedOptimizer; TensorFlow
+trains the Keras application of the same name (resnet50: ResNet50, inception_v3: InceptionV3)
+with hvdtrain.tensorflow's DistributedGradientTape in a tf.function, as Horovod's
+tensorflow2_synthetic_benchmark.py does. Both use SGD with LR 0.01 and are timed alike.
+--ddp runs the PyTorch loop with torch.nn.parallel.DistributedDataParallel (gloo backend), its
 ranks and rendezvous taken from mpirun's environment, for a side-by-side figure.
 """
 
 import argparse
 import os
 import timeit
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
-import torch
-import torch.nn.functional as F
-import torchvision
+
+NUM_CLASSES = 1000
 
 
 def parse_args():
-    parser = argparse.ArgumentParser(description="PyTorch synthetic benchmark",
+    parser = argparse.ArgumentParser(description="Synthetic benchmark",
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--framework", choices=("torch", "tensorflow"), default="torch",
+                        help="train with hvdtrain.torch or hvdtrain.tensorflow")
     parser.add_argument("--fp16-allreduce", action="store_true", default=False, help="use fp16 compression")
-    parser.add_argument("--model", type=str, default="resnet50", help="torchvision model to benchmark")
+    parser.add_argument("--model", type=str, default="resnet50",
+                        help="model to benchmark: a torchvision model, or with tensorflow the Keras application "
+                             "of that name (resnet50: ResNet50)")
     parser.add_argument("--batch-size", type=int, default=32, help="input batch size")
     parser.add_argument("--num-warmup-batches", type=int, default=10, help="batches before timing")
     parser.add_argument("--num-batches-per-iter", type=int, default=10, help="batches per benchmark iteration")
@@ -32,60 +42,40 @@ def parse_args():
     parser.add_argument("--ddp", action="store_true", default=False,
                         help="use torch DistributedDataParallel (gloo) instead of hvdtrain")
     args = parser.parse_args()
-    args.cuda = not args.no_cuda and torch.cuda.is_available()
+    if args.ddp and args.framework != "torch":
+        parser.error("--ddp is PyTorch's DistributedDataParallel: it goes with --framework torch")
+    args.image_size = 299 if args.model == "inception_v3" else 224
     return args
 
 
-class Hvdtrain:
-    """The distributed part of the loop, through hvdtrain.torch (as with Horovod)."""
+@dataclass
+class Job:
+    """This rank's place in the job and one training step on its synthetic batch."""
 
-    def __init__(self, model, optimizer, args):
-        import hvdtrain.torch as hvd
-
-        hvd.init()
-        self.size, self.rank = hvd.size(), hvd.rank()
-        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-        compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
-        self.model = model
-        self.optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                                  compression=compression)
-        hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)
+    rank: int
+    size: int
+    device: str  # "CPU" or "GPU", as the output lines name it
+    step: Callable[[], None]
 
 
-class DistributedDataParallel:
-    """The same loop with PyTorch's own data parallelism on the gloo backend."""
+def torch_job(args):
+    import torch
+    import torch.nn.functional as F
+    import torchvision
 
-    def __init__(self, model, optimizer, args):
-        import torch.distributed as dist
-
-        if args.fp16_allreduce:
-            raise SystemExit("--fp16-allreduce is an hvdtrain option; DDP would need a communication hook")
-        rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("RANK", 0)))
-        size = int(os.environ.get("OMPI_COMM_WORLD_SIZE", os.environ.get("WORLD_SIZE", 1)))
-        address = os.environ.get("MASTER_ADDR", "127.0.0.1")
-        port = os.environ.get("MASTER_PORT", "29512")
-        dist.init_process_group("gloo", init_method=f"tcp://{address}:{port}", rank=rank, world_size=size)
-        self.size, self.rank = size, rank
-        self.model = torch.nn.parallel.DistributedDataParallel(model)
-        self.optimizer = optimizer
-
-
-def main():
-    args = parse_args()
+    cuda = not args.no_cuda and torch.cuda.is_available()
     model = getattr(torchvision.models, args.model)()
-    if args.cuda:
+    if cuda:
         model.cuda()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    job = (DistributedDataParallel if args.ddp else Hvdtrain)(model, optimizer, args)
-    model, optimizer = job.model, job.optimizer
+    rank, size, model, optimizer = (_distributed_data_parallel if args.ddp else _hvdtrain_torch)(model, optimizer, args)
 
-    image_size = 299 if args.model == "inception_v3" else 224
-    data = torch.randn(args.batch_size, 3, image_size, image_size)
-    target = torch.randint(0, 1000, (args.batch_size,))
-    if args.cuda:
+    data = torch.randn(args.batch_size, 3, args.image_size, args.image_size)
+    target = torch.randint(0, NUM_CLASSES, (args.batch_size,))
+    if cuda:
         data, target = data.cuda(), target.cuda()
 
-    def benchmark_step():
+    def step():
         optimizer.zero_grad()
         output = model(data)
         if isinstance(output, tuple) or hasattr(output, "logits"):  # inception's auxiliary output
@@ -93,20 +83,98 @@ def main():
         F.cross_entropy(output, target).backward()
         optimizer.step()
 
+    return Job(rank, size, "GPU" if cuda else "CPU", step)
+
+
+def _hvdtrain_torch(model, optimizer, args):
+    """The distributed part of the loop, through hvdtrain.torch (as with Horovod)."""
+    import hvdtrain.torch as hvd
+
+    hvd.init()
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), compression=compression)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    return hvd.rank(), hvd.size(), model, optimizer
+
+
+def _distributed_data_parallel(model, optimizer, args):
+    """The same loop with PyTorch's own data parallelism on the gloo backend."""
+    import torch
+    import torch.distributed as dist
+
+    if args.fp16_allreduce:
+        raise SystemExit("--fp16-allreduce is an hvdtrain option; DDP would need a communication hook")
+    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("RANK", 0)))
+    size = int(os.environ.get("OMPI_COMM_WORLD_SIZE", os.environ.get("WORLD_SIZE", 1)))
+    address = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    port = os.environ.get("MASTER_PORT", "29512")
+    dist.init_process_group("gloo", init_method=f"tcp://{address}:{port}", rank=rank, world_size=size)
+    return rank, size, torch.nn.parallel.DistributedDataParallel(model), optimizer
+
+
+def tensorflow_job(args):
+    import keras
+    import tensorflow as tf
+
+    import hvdtrain.tensorflow as hvd
+
+    application = _keras_application(args.model)
+    hvd.init()
+    gpus = [] if args.no_cuda else tf.config.list_physical_devices("GPU")
+    tf.config.set_visible_devices(gpus[hvd.local_rank():hvd.local_rank() + 1], "GPU")  # the local rank's, or none
+    shape = (args.image_size, args.image_size, 3)
+    model = application(weights=None, input_shape=shape, classes=NUM_CLASSES)
+    optimizer = keras.optimizers.SGD(0.01)
+    compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
+    hvd.broadcast_variables(model.weights, root_rank=0)
+
+    data = tf.random.normal((args.batch_size, *shape))
+    target = tf.random.uniform((args.batch_size,), maxval=NUM_CLASSES, dtype=tf.int64)
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(target, model(data, training=True)))
+        tape = hvd.DistributedGradientTape(tape, compression=compression)
+        gradients = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply(gradients, model.trainable_variables)
+
+    return Job(hvd.rank(), hvd.size(), "GPU" if gpus else "CPU", step)
+
+
+def _keras_application(name):
+    """The Keras application of a torchvision model name: resnet50 is ResNet50, inception_v3 is
+    InceptionV3, mobilenet_v3_small is MobileNetV3Small."""
+    import keras
+
+    applications = {n.lower(): n for n in dir(keras.applications) if n[0].isupper()}
+    found = applications.get(name.replace("_", "").lower())
+    if found is None:
+        raise SystemExit(f"--model {name}: Keras has no such application; with --framework tensorflow use one of "
+                         f"{', '.join(sorted(applications.values()))}, written as torchvision names them "
+                         f"(e.g. resnet50, mobilenet_v3_small)")
+    return getattr(keras.applications, found)
+
+
+def main():
+    args = parse_args()
+    job = (tensorflow_job if args.framework == "tensorflow" else torch_job)(args)
+    device = job.device
+
     def log(text):
         if job.rank == 0:
             print(text, flush=True)
 
-    device = "GPU" if args.cuda else "CPU"
     log(f"Model: {args.model}")
     log(f"Batch size: {args.batch_size}")
     log(f"Number of {device}s: {job.size}")
     log("Running warmup...")
-    timeit.timeit(benchmark_step, number=args.num_warmup_batches)
+    timeit.timeit(job.step, number=args.num_warmup_batches)
     log("Running benchmark...")
     img_secs = []
     for iteration in range(args.num_iters):
-        seconds = timeit.timeit(benchmark_step, number=args.num_batches_per_iter)
+        seconds = timeit.timeit(job.step, number=args.num_batches_per_iter)
         img_sec = args.batch_size * args.num_batches_per_iter / seconds
         log(f"Iter #{iteration}: {img_sec:.1f} img/sec per {device}")
         img_secs.append(img_sec)

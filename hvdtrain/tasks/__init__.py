@@ -1,7 +1,9 @@
 """What is trained: the models and data sets a recipe can name.
 
 This catalog imports no framework, so that the `hvdtrain` command can check a config in a
-fraction of a second; `models_torch.py` and `data_torch.py` build the entries for PyTorch.
+fraction of a second; `models_torch.py` and `data_torch.py` build the entries for PyTorch,
+`models_tensorflow.py` and `data_tensorflow.py` for TensorFlow and Keras, on the
+framework-neutral `data.py`.
 Each model and data source says which kind of input it takes or gives, so that a recipe
 cannot pair, say, ResNet-50 with 8x8 digits.
 """

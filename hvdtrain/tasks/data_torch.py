@@ -7,16 +7,12 @@ or loader processes (see sharding.py).
 
 from pathlib import Path
 
-import numpy as np
 import torch
 import torchvision
 from torch.utils.data import Dataset
 from torchvision import transforms
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
-DIGITS_SPLIT_SEED = 0  # the split is part of the data set, not of a run's randomness
-SYNTHETIC_POOL = 64  # distinct random images; synthetic samples repeat them
+from hvdtrain.tasks.data import IMAGENET_MEAN, IMAGENET_STD, SYNTHETIC_POOL, check_classes, digits_split
 
 
 def build_datasets(data_cfg, num_classes, seed):
@@ -34,9 +30,7 @@ def build_datasets(data_cfg, num_classes, seed):
     val = SeededImageFolder(Path(data_cfg.root) / "val", transforms.Compose([
         transforms.Resize(data_cfg.resize_size), transforms.CenterCrop(data_cfg.image_size),
         transforms.ToTensor(), normalize]))
-    if train.classes != val.classes or len(train.classes) != num_classes:
-        raise ValueError(f"data.root={data_cfg.root}: train/ has {len(train.classes)} classes and val/ has "
-                         f"{len(val.classes)}, the model has {num_classes} (model.num_classes); they must agree")
+    check_classes(data_cfg, train.classes, val.classes, num_classes)
     return train, val
 
 
@@ -78,11 +72,7 @@ class SeededImageFolder(torchvision.datasets.ImageFolder):
 
 
 def _digits(val_size):
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
-    images = torch.tensor(digits.images / 16.0, dtype=torch.float32).unsqueeze(1)  # N x 1 x 8 x 8 in [0, 1]
-    labels = torch.tensor(digits.target, dtype=torch.int64)
-    order = torch.from_numpy(np.random.default_rng(DIGITS_SPLIT_SEED).permutation(len(labels)))
-    val, train = order[:val_size], order[val_size:]
-    return TensorSamples(images[train], labels[train]), TensorSamples(images[val], labels[val])
+    train_images, train_labels, val_images, val_labels = map(torch.from_numpy, digits_split(val_size))
+    # N x 1 x 8 x 8: PyTorch puts the channels first
+    return (TensorSamples(train_images.unsqueeze(1), train_labels),
+            TensorSamples(val_images.unsqueeze(1), val_labels))

@@ -1,4 +1,5 @@
-"""What the runner's tests share: composing a config as `hvdtrain` does, and running the command."""
+"""What the runner's tests share: composing a config as `hvdtrain` does, running the command, and
+crashing a run to resume it."""
 
 import os
 import signal
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from hvdtrain.config import CONF_DIR, register_configs, typed
+from hvdtrain.run_log import read_history
 
 
 def compose(*overrides):
@@ -60,3 +62,35 @@ def wait_until(condition, timeout, what):
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout} s waiting for {what}")
         time.sleep(0.02)
+
+
+def crash_and_resume(run_dir, *args, timeout=240):
+    """Run `hvdtrain ARGS` into run_dir and kill all its processes at once (a crash) as soon as it
+    has written two checkpoints; cut the newest one short, as if the disk had lost its end; then
+    `hvdtrain resume=RUN_DIR`, which skips that checkpoint and goes on from the one before."""
+    with open(run_dir.parent / "killed.log", "w") as log:
+        process = subprocess.Popen([sys.executable, "-m", "hvdtrain.cli", *args, f"hydra.run.dir={run_dir}"],
+                                   stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_until(lambda: len(list((run_dir / "checkpoints").glob("step-*.ckpt"))) >= 2, timeout,
+                   "two checkpoints")
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        for pid in processes_mentioning(str(run_dir)):
+            os.kill(pid, signal.SIGKILL)
+        process.wait()
+    wait_until(lambda: not processes_mentioning(str(run_dir)), 30, "the killed ranks to be gone")
+    assert not (run_dir / "results.json").exists(), "the run ended before it could be killed"
+
+    newest = sorted((run_dir / "checkpoints").glob("step-*.ckpt"))[-1]
+    newest.write_bytes(newest.read_bytes()[:1000])
+    result = run_hvdtrain(f"resume={run_dir}", timeout=timeout)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"skipping checkpoint {newest}" in result.stderr
+    assert "hvdtrain: resuming at epoch" in result.stdout
+
+
+def history(run_dir):
+    """A run's metrics.jsonl without the throughput, which differs from run to run."""
+    return [{key: value for key, value in record.items() if key != "samples_per_s"}
+            for record in read_history(run_dir / "metrics.jsonl")]

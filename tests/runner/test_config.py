@@ -6,7 +6,7 @@ import json
 import pytest
 
 from hvdtrain import cluster
-from hvdtrain.config import RECIPES_DIR, ConfigError, validate
+from hvdtrain.config import FRAMEWORKS, RECIPES_DIR, ConfigError, validate
 from hvdtrain.plan import make_plan
 
 from runner.support import compose, run_hvdtrain
@@ -20,13 +20,15 @@ def test_the_published_recipes_are_there():
             "vgg16_imagenet", "resnet101_synthetic", "inception3_synthetic", "vgg16_synthetic"} <= set(RECIPES)
 
 
+@pytest.mark.parametrize("framework", FRAMEWORKS)
 @pytest.mark.parametrize("recipe", RECIPES)
-def test_every_recipe_composes_and_validates_on_several_clusters(recipe, image_tree):
+def test_every_recipe_composes_and_validates_on_several_clusters(recipe, framework, image_tree):
     for layout, hosts in CLUSTERS.items():
-        cfg = compose(f"recipe={recipe}", f"cluster={layout}", f"data.root={image_tree}", *hosts)
+        cfg = compose(f"recipe={recipe}", f"cluster={layout}", f"data.root={image_tree}",
+                      f"recipe.framework={framework}", *hosts)
         validate(cfg)
         plan = make_plan(cfg, cluster.resolve_hosts(cfg.cluster))
-        assert cfg.recipe.name == recipe and cfg.cluster.name == layout
+        assert cfg.recipe.name == recipe and cfg.cluster.name == layout and cfg.recipe.framework == framework
         assert plan.world_size == cfg.cluster.num_hosts * cfg.cluster.slots
         assert plan.global_batch_size == plan.world_size * cfg.train.batch_size * cfg.train.backward_passes_per_step
         assert plan.peak_lr == pytest.approx(cfg.optimizer.base_lr * plan.global_batch_size / cfg.optimizer.base_batch_size)
@@ -86,6 +88,7 @@ def test_dry_run_takes_the_hosts_of_a_slurm_allocation(image_tree):
 
 BAD_INPUTS = {
     "unknown model": (["model.name=resnet9000"], "model.name='resnet9000': unknown model; allowed: resnet50"),
+    "unknown framework": (["recipe.framework=jax"], "recipe.framework='jax': allowed: torch, tensorflow"),
     "negative LR": (["optimizer.base_lr=-0.1"], "optimizer.base_lr=-0.1: must be a positive"),
     "warmup longer than training": (["schedule.warmup_epochs=50"], "schedule.warmup_epochs=50.0: must be between 0 and"),
     "missing data root": (["recipe=resnet50_imagenet"], "data.root is not set"),

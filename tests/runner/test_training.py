@@ -3,16 +3,13 @@ checkpoint and resumed ends exactly as an uninterrupted one; an ImageFolder reci
 inside an existing mpirun job; a failing worker; a sweep; exact validation sums."""
 
 import json
-import os
-import signal
-import subprocess
 import sys
 
 import pytest
 
 from hvdtrain import launcher
 from hvdtrain.run_log import read_history
-from runner.support import processes_mentioning, run_hvdtrain, wait_until
+from runner.support import crash_and_resume, history, run_hvdtrain
 
 TIMEOUT = 240
 
@@ -22,11 +19,6 @@ def last_checkpoint(run_dir):
 
     path = sorted((run_dir / "checkpoints").glob("step-*.ckpt"))[-1]
     return torch.load(path, weights_only=True)
-
-
-def history(run_dir):
-    return [{key: value for key, value in record.items() if key != "samples_per_s"}
-            for record in read_history(run_dir / "metrics.jsonl")]
 
 
 @pytest.fixture(scope="module")
@@ -61,26 +53,7 @@ def test_the_default_recipe_reaches_its_target_on_two_local_ranks(default_run):
 def test_a_killed_run_resumes_to_the_same_weights(default_run, tmp_path):
     uninterrupted, _ = default_run
     run_dir = tmp_path / "run"
-    with open(tmp_path / "killed.log", "w") as log:
-        process = subprocess.Popen([sys.executable, "-m", "hvdtrain.cli", f"hydra.run.dir={run_dir}"],
-                                   stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        wait_until(lambda: len(list((run_dir / "checkpoints").glob("step-*.ckpt"))) >= 2, TIMEOUT,
-                   "two checkpoints")
-    finally:  # a crash: every process of the run dies at once
-        os.killpg(process.pid, signal.SIGKILL)
-        for pid in processes_mentioning(str(run_dir)):
-            os.kill(pid, signal.SIGKILL)
-        process.wait()
-    wait_until(lambda: not processes_mentioning(str(run_dir)), 30, "the killed ranks to be gone")
-    assert not (run_dir / "results.json").exists(), "the run ended before it could be killed"
-
-    newest = sorted((run_dir / "checkpoints").glob("step-*.ckpt"))[-1]
-    newest.write_bytes(newest.read_bytes()[:1000])  # as if the disk had lost its end
-    result = run_hvdtrain(f"resume={run_dir}", timeout=TIMEOUT)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert f"skipping checkpoint {newest}" in result.stderr
-    assert "hvdtrain: resuming at epoch" in result.stdout
+    crash_and_resume(run_dir, timeout=TIMEOUT)
 
     import torch
 

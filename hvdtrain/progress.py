@@ -1,0 +1,75 @@
+"""A run's account of itself as it trains, the same for every framework's loop.
+
+Every rank times its steps and adds up their losses; every `train.log_every_steps` steps (and
+at the end of each epoch) the loss is averaged over the ranks and recorded. Rank 0 alone prints
+the plan at the start, keeps the run's log (metrics.jsonl, TensorBoard, progress bar: run_log.py)
+and writes results.json and report.md at the end (report.py); the other ranks take part in the
+averaging only.
+"""
+
+import time
+
+import numpy as np
+
+from hvdtrain import core
+from hvdtrain.plan import summary
+from hvdtrain.report import final_summary, write_report, write_results
+from hvdtrain.run_log import RunLog
+
+
+class Progress:
+    def __init__(self, cfg, plan, run_dir, start, session_start):
+        """`start`: where training starts (checkpoint.fresh_start() or a checkpoint's state);
+        `session_start`: when this process began, so that setup counts as run time."""
+        self.cfg, self.plan, self.run_dir = cfg, plan, run_dir
+        self.elapsed_before, self.session_start = start["elapsed_s"], session_start
+        self.log = None
+        if core.rank() == 0:
+            print(summary(plan, cfg, run_dir), flush=True)
+            if start["global_step"]:
+                print(f"hvdtrain: resuming at epoch {start['epoch']}, step {start['step']} ({start['path']})",
+                      flush=True)
+            self.log = RunLog(run_dir, plan.steps_per_epoch * plan.epochs, start["global_step"], core.size())
+        self.train_seconds, self.trained_steps = 0.0, 0  # this session's, for its throughput
+        self.window_loss, self.window_seconds, self.window_steps = 0.0, 0.0, 0  # since the last record
+        self.train_loss = None  # the last recorded one
+
+    def elapsed_s(self):
+        """The run's wall time so far, over all its sessions."""
+        return self.elapsed_before + time.time() - self.session_start
+
+    def step_done(self, epoch, step, global_step, lr, loss, seconds):
+        """Step `step` of `epoch` (the run's `global_step`-th), trained at `lr`, took `seconds`
+        and had this rank's mean loss `loss`."""
+        self.train_seconds, self.trained_steps = self.train_seconds + seconds, self.trained_steps + 1
+        self.window_loss, self.window_seconds = self.window_loss + loss, self.window_seconds + seconds
+        self.window_steps += 1
+        if self.log:
+            self.log.advance()
+        steps = self.plan.steps_per_epoch
+        if global_step % self.cfg.train.log_every_steps == 0 or step == steps - 1:
+            mean = np.array([self.window_loss / self.window_steps])
+            self.train_loss = float(core.allreduce_async(mean, name="train.loss", op=core.ReduceOp.AVERAGE).wait()[0])
+            if self.log:
+                self.log.record(event="train", step=global_step, epoch=epoch + (step + 1) / steps, lr=lr,
+                                loss=self.train_loss,
+                                samples_per_s=self.window_steps * self.plan.global_batch_size / self.window_seconds)
+            self.window_loss, self.window_seconds, self.window_steps = 0.0, 0.0, 0
+
+    def evaluated(self, epoch, global_step, lr, metrics):
+        """The validation `metrics` after `epoch` epochs; its last step was recorded just now, so
+        the loss recorded beside them is that step's window's."""
+        if self.log:
+            self.log.record(event="eval", step=global_step, epoch=epoch, lr=lr, loss=self.train_loss, **metrics)
+
+    def finish(self, metrics):
+        """Rank 0: results.json, report.md and the closing summary."""
+        if not self.log:
+            return
+        self.log.close()
+        samples_per_s = (self.trained_steps * self.plan.global_batch_size / self.train_seconds
+                         if self.train_seconds else 0.0)
+        results = write_results(self.run_dir, self.cfg, self.plan, self.plan.epochs, metrics, self.elapsed_s(),
+                                samples_per_s)
+        write_report(self.run_dir, self.cfg, self.plan, results)
+        print(final_summary(results, self.run_dir), flush=True)

@@ -1,0 +1,31 @@
+"""What the data sources are whatever the framework: the digits split, the ImageNet
+normalization, the size of the synthetic image pool and the class check of an ImageFolder tree.
+data_torch.py and data_tensorflow.py turn them into their framework's inputs.
+"""
+
+import numpy as np
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+DIGITS_SPLIT_SEED = 0  # the split is part of the data set, not of a run's randomness
+SYNTHETIC_POOL = 64  # distinct random images; synthetic samples repeat them
+
+
+def digits_split(val_size):
+    """scikit-learn's digits as (train images, train labels, val images, val labels): 8x8 float32
+    images in [0, 1] and int64 labels, split by a fixed permutation."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    images = (digits.images / 16.0).astype(np.float32)
+    labels = digits.target.astype(np.int64)
+    order = np.random.default_rng(DIGITS_SPLIT_SEED).permutation(len(labels))
+    val, train = order[:val_size], order[val_size:]
+    return images[train], labels[train], images[val], labels[val]
+
+
+def check_classes(data_cfg, train_classes, val_classes, num_classes):
+    """An ImageFolder tree's train/ and val/ must have the same classes, as many as the model."""
+    if list(train_classes) != list(val_classes) or len(train_classes) != num_classes:
+        raise ValueError(f"data.root={data_cfg.root}: train/ has {len(train_classes)} classes and val/ has "
+                         f"{len(val_classes)}, the model has {num_classes} (model.num_classes); they must agree")

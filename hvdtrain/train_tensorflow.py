@@ -1,0 +1,227 @@
+"""Data-parallel training with TensorFlow 2 and Keras on `hvdtrain.tensorflow`: train_torch.py's
+story, told with TensorFlow, so that a recipe means the same in both frameworks.
+
+Every rank runs `train(cfg, run_dir)`: init -> build the task (a Keras model, input sharded as in
+the PyTorch loop) -> start from rank 0's weights, or from the newest valid checkpoint that rank 0
+reads and broadcasts -> train -> evaluate on sharded validation data with exactly reduced sums ->
+rank 0 logs, checkpoints and reports, through the same framework-neutral modules.
+
+Two choices keep the semantics of the PyTorch loop:
+- The update is torch.optim.SGD's (`SGD` below), not Keras's SGD: Keras decays the weights apart
+  from the gradient and keeps the LR inside its momentum; PyTorch adds the weight decay to the
+  gradient and keeps the LR out of the momentum buffer (Goyal et al.'s momentum correction).
+- Each backward pass's gradients are summed on the rank and the sums averaged over the ranks in
+  one grouped allreduce per step, as Horovod's DistributedOptimizer does with
+  backward_passes_per_step; hvd.DistributedGradientTape would reduce after every pass.
+Checkpoints are NumPy .npz archives of arrays and JSON metadata, read with allow_pickle=False, so
+loading one runs no code. TensorFlow's op determinism is on: a resumed run repeats the
+interrupted one bit for bit.
+"""
+
+import io
+import json
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import hvdtrain.tensorflow as hvd
+from hvdtrain import checkpoint, sharding
+from hvdtrain.cluster import job_hosts
+from hvdtrain.lr_schedule import learning_rate
+from hvdtrain.plan import make_plan
+from hvdtrain.progress import Progress
+from hvdtrain.tasks.data_tensorflow import build_datasets
+from hvdtrain.tasks.models_tensorflow import build_model
+
+
+def train(cfg, run_dir):
+    session_start = time.time()
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    if keras.backend.backend() != "tensorflow":
+        raise RuntimeError(f"recipe.framework=tensorflow trains with TensorFlow, but Keras runs on "
+                           f"{keras.backend.backend()} (KERAS_BACKEND): set KERAS_BACKEND=tensorflow or leave it unset")
+    _use_device(cfg.train.device)
+    tf.config.experimental.enable_op_determinism()
+    keras.utils.set_random_seed(cfg.train.seed)
+    if cfg.train.autocast:  # bfloat16 needs no loss scaling, on the CPU or a GPU
+        keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    train_set, val_set = build_datasets(cfg.data, cfg.model.num_classes, cfg.train.seed)
+    plan = make_plan(cfg, job_hosts(), train_size=len(train_set))
+    steps, epochs = plan.steps_per_epoch, cfg.train.epochs
+    passes = cfg.train.backward_passes_per_step
+    samples_per_step = cfg.train.batch_size * passes
+
+    model = build_model(cfg.model, cfg.data.image_size)
+    optimizer = SGD(model, cfg.optimizer, plan.base_lr)
+    start = _start(cfg, run_dir, model, optimizer)
+
+    progress = Progress(cfg, plan, run_dir, start, session_start)
+    global_step, metrics, lr = start["global_step"], start["metrics"], plan.base_lr
+    for epoch in range(start["epoch"], epochs):
+        first = start["step"] if epoch == start["epoch"] else 0
+        shard = sharding.train_shard(len(train_set), cfg.train.seed, epoch, rank, size)
+        indices = shard[first * samples_per_step:steps * samples_per_step]
+        seeds = [sharding.sample_seed(cfg.train.seed, epoch, i) for i in indices]
+        batches = iter(train_set.batches(indices, cfg.train.batch_size, seeds))
+        for step in range(first, steps):
+            began = time.perf_counter()
+            lr = learning_rate(epoch + step / steps, cfg.schedule, plan.base_lr, plan.peak_lr, epochs)
+            optimizer.set_learning_rate(lr)
+            loss = _train_step(model, optimizer, batches, passes)
+            global_step += 1
+            progress.step_done(epoch, step, global_step, lr, loss, time.perf_counter() - began)
+            every = cfg.train.checkpoint_every_steps
+            if every and global_step % every == 0 and step < steps - 1:
+                _save(cfg, run_dir, model, optimizer, epoch, step + 1, global_step, metrics, progress.elapsed_s())
+
+        if ((epoch + 1) % cfg.train.eval_every_epochs == 0 or epoch + 1 == epochs) and len(val_set):
+            metrics = evaluate(model, val_set, cfg)
+            progress.evaluated(epoch + 1, global_step, lr, metrics)
+        _save(cfg, run_dir, model, optimizer, epoch + 1, 0, global_step, metrics, progress.elapsed_s())
+    progress.finish(metrics)
+
+
+def _train_step(model, optimizer, batches, passes):
+    """One optimizer step: `passes` backward passes summed on this rank, averaged over the ranks,
+    one update."""
+    total, sums = 0.0, None
+    for _ in range(passes):
+        loss, gradients = _gradients(model, *next(batches), passes)
+        sums = gradients if sums is None else [s + g for s, g in zip(sums, gradients)]
+        total += float(loss)
+    _update(optimizer, sums, tf.constant(optimizer.lr, tf.float32))
+    return total / passes
+
+
+@tf.function
+def _gradients(model, images, labels, passes):
+    with tf.GradientTape() as tape:
+        loss = _cross_entropy(model(images, training=True), labels)
+        share = loss / passes
+    return loss, tape.gradient(share, model.trainable_variables)
+
+
+@tf.function
+def _update(optimizer, gradients, lr):
+    optimizer.apply(hvd.grouped_allreduce(gradients, op=hvd.Average, name="gradients"), lr)
+
+
+def _cross_entropy(logits, labels, reduce=tf.reduce_mean):
+    return reduce(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=tf.cast(logits, tf.float32)))
+
+
+class SGD:
+    """torch.optim.SGD's update: g <- grad + weight_decay w; v <- momentum v + g; w <- w - lr g'
+    with g' = v, or g + momentum v (Nesterov) -- which is the update of TensorFlow's fused
+    momentum kernel. Weight decay applies to every variable except, as the recipe asks,
+    BatchNorm's gamma and beta ("bn") and the biases of other layers ("bias")."""
+
+    def __init__(self, model, optimizer_cfg, lr):
+        excluded = set(optimizer_cfg.exclude_from_weight_decay)
+        batch_norm = {id(v) for layer in model.layers if isinstance(layer, keras.layers.BatchNormalization)
+                      for v in layer.trainable_variables}
+        self.variables = model.trainable_variables
+        kinds = ["bn" if id(v) in batch_norm else "bias" if v.name == "bias" else "weight" for v in self.variables]
+        self.weight_decays = [0.0 if kind in excluded else optimizer_cfg.weight_decay for kind in kinds]
+        self.momentum, self.nesterov = optimizer_cfg.momentum, optimizer_cfg.nesterov
+        self.momentum_correction = optimizer_cfg.momentum_correction
+        self.buffers = [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False) for v in self.variables]
+        self.lr = lr  # of the last update
+
+    def set_learning_rate(self, lr):
+        """As train_torch._set_learning_rate: without momentum correction the buffer behaves as
+        in the form v <- m v + lr g, which after an LR change still carries the old LR."""
+        if not self.momentum_correction and lr != self.lr:
+            for buffer in self.buffers:
+                buffer.assign(buffer * (self.lr / lr))
+        self.lr = lr
+
+    def apply(self, gradients, lr):
+        for variable, gradient, decay, buffer in zip(self.variables, gradients, self.weight_decays, self.buffers,
+                                                     strict=True):
+            if decay:
+                gradient = gradient + decay * variable
+            tf.raw_ops.ResourceApplyMomentum(var=variable.value.handle, accum=buffer.handle, lr=lr, grad=gradient,
+                                             momentum=self.momentum, use_nesterov=self.nesterov)
+
+
+def evaluate(model, val_set, cfg):
+    """Validation metrics over the whole validation set: each rank evaluates its shard and the
+    sums (loss, correct top-1, correct top-5, samples) are added up across ranks, exactly."""
+    _average_statistics(model)
+    totals = np.zeros(4)
+    indices = sharding.eval_shard(len(val_set), hvd.rank(), hvd.size())
+    for images, labels in val_set.batches(indices, cfg.train.batch_size):
+        totals += np.array(_evaluation_sums(model, images, labels), np.float64)
+    loss, top1, top5, count = hvd.allreduce(tf.constant(totals), op=hvd.Sum, name="eval.totals").numpy().tolist()
+    return {"val_loss": loss / count, "val_top1": 100.0 * top1 / count, "val_top5": 100.0 * top5 / count}
+
+
+@tf.function(reduce_retracing=True)
+def _evaluation_sums(model, images, labels):
+    logits = tf.cast(model(images, training=False), tf.float32)
+    ranked = tf.math.top_k(logits, min(5, logits.shape[1])).indices == tf.cast(labels[:, None], tf.int32)
+    return [_cross_entropy(logits, labels, reduce=tf.reduce_sum), tf.math.count_nonzero(ranked[:, 0]),
+            tf.math.count_nonzero(tf.reduce_any(ranked, axis=1)), tf.size(labels)]
+
+
+def _average_statistics(model):
+    """Average BatchNorm's moving statistics over the ranks (each saw different data), so that
+    every shard is evaluated, and every checkpoint saved, with one and the same model."""
+    statistics = [v for v in model.non_trainable_variables if "float" in v.dtype]
+    averaged = hvd.grouped_allreduce(statistics, op=hvd.Average, name="batch_norm.statistics")
+    for variable, value in zip(statistics, averaged):
+        variable.assign(value)
+
+
+def _start(cfg, run_dir, model, optimizer):
+    """Where training starts: rank 0 reads the newest valid checkpoint, if any, and broadcasts it;
+    otherwise every rank takes rank 0's initial weights."""
+    state = checkpoint.resume_state(run_dir / "checkpoints", cfg, _decode)
+    if state is None:
+        hvd.broadcast_variables(model.weights, root_rank=0)
+        return checkpoint.fresh_start()
+    for variable in model.weights:
+        variable.assign(state["model"][variable.path])
+    for variable, buffer in zip(optimizer.variables, optimizer.buffers):
+        buffer.assign(state["momentum"][variable.path])
+    optimizer.lr = state["lr"]
+    return state
+
+
+def _save(cfg, run_dir, model, optimizer, epoch, step, global_step, metrics, elapsed_s):
+    """Checkpoint (on rank 0) the state before step `step` of `epoch`."""
+    _average_statistics(model)
+    if hvd.rank() != 0:
+        return
+    metadata = checkpoint.metadata(cfg, epoch, step, global_step, hvd.size(), metrics, elapsed_s)
+    metadata["lr"] = optimizer.lr  # the last LR, for set_learning_rate without momentum correction
+    arrays = {f"model/{v.path}": v.numpy() for v in model.weights}
+    arrays.update({f"momentum/{v.path}": b.numpy() for v, b in zip(optimizer.variables, optimizer.buffers)})
+    buffer = io.BytesIO()
+    np.savez(buffer, metadata=np.array(json.dumps(metadata)), **arrays)
+    checkpoint.save(run_dir / "checkpoints", global_step, buffer.getvalue(), cfg.train.keep_checkpoints)
+
+
+def _decode(data):
+    with np.load(io.BytesIO(data), allow_pickle=False) as archive:
+        arrays = {name: archive[name] for name in archive.files}
+    state = json.loads(str(arrays.pop("metadata")))
+    for part in ("model", "momentum"):
+        state[part] = {name[len(part) + 1:]: array for name, array in arrays.items() if name.startswith(part + "/")}
+    return state
+
+
+def _use_device(choice):
+    """One GPU per rank, the local rank's, or the CPU."""
+    gpus = tf.config.list_physical_devices("GPU")
+    if choice == "cuda" and not gpus:
+        raise RuntimeError("train.device=cuda, but TensorFlow sees no GPU on this host")
+    if choice == "cpu" or not gpus:
+        tf.config.set_visible_devices([], "GPU")
+        return
+    tf.config.experimental.set_memory_growth(gpus[hvd.local_rank()], True)
+    tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
