@@ -33,6 +33,7 @@ __all__ = [
 _engine = None
 _init_lock = threading.Lock()
 _atexit_registered = False
+_unnamed_object_calls = {}  # per kind, since this engine started: names the n-th unnamed call
 
 
 def init(comm=None):
@@ -54,6 +55,7 @@ def init(comm=None):
         from .engine import Engine
 
         _engine = Engine(MPI.COMM_WORLD if comm is None else comm, settings)
+        _unnamed_object_calls.clear()
         if not _atexit_registered:
             atexit.register(shutdown)
             _atexit_registered = True
@@ -215,6 +217,12 @@ def _dumps(obj):
     return np.frombuffer(cloudpickle.dumps(obj), np.uint8).copy()  # writable: MPI sends from it
 
 
+def _next_object_name(kind):
+    count = _unnamed_object_calls.get(kind, 0)
+    _unnamed_object_calls[kind] = count + 1
+    return f"{kind}.{count}"
+
+
 def _loads(payload):
     import cloudpickle
 
@@ -222,8 +230,10 @@ def _loads(payload):
 
 
 def broadcast_object(obj, root_rank=0, name=None):
-    """Pickle `obj` on `root_rank` and return a copy of it on every rank."""
-    name = type(obj).__name__ if name is None else name
+    """Pickle `obj` on `root_rank` and return a copy of it on every rank. Without a `name`, the
+    n-th unnamed call is matched with the n-th on every rank: the name cannot come from `obj`,
+    which non-root ranks often pass as None."""
+    name = _next_object_name("broadcast_object") if name is None else name
     is_root = rank() == root_rank
     payload = _dumps(obj) if is_root else None
     length = np.array([payload.size if is_root else 0], np.int64)
@@ -235,8 +245,8 @@ def broadcast_object(obj, root_rank=0, name=None):
 
 
 def allgather_object(obj, name=None):
-    """Return the list of every rank's `obj`, in rank order."""
-    name = type(obj).__name__ if name is None else name
+    """Return the list of every rank's `obj`, in rank order (unnamed calls match as in broadcast_object)."""
+    name = _next_object_name("allgather_object") if name is None else name
     payload = _dumps(obj)
     lengths = allgather_async(np.array([payload.size], np.int64), name=f"{name}.sz").wait()
     gathered = allgather_async(payload, name=f"{name}.t").wait()

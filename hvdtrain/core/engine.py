@@ -139,6 +139,8 @@ class Engine:
             raise TypeError(f"collective '{name}': expected a NumPy array, got {type(array).__name__}")
         if not array.flags.c_contiguous:
             raise ValueError(f"collective '{name}': the tensor must be contiguous")
+        if output is not None and not isinstance(output, np.ndarray):
+            raise TypeError(f"collective '{name}': output must be a NumPy array, got {type(output).__name__}")
         if output is not None and output is not array and (
             not output.flags.c_contiguous or output.shape != array.shape or output.dtype != array.dtype
         ):

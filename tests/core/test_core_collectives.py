@@ -113,6 +113,10 @@ def check_objects(n, me):
         got = core.broadcast_object(sent if me == root else None, root_rank=root, name=f"object.{root}")
         assert got["root"] == root and got["text"] == sent["text"] and got["nested"] == sent["nested"], got
         assert np.array_equal(got["array"], sent["array"]), got
+    # Unnamed calls match by their order, not by the type of what each rank passes.
+    assert core.broadcast_object({"from": 0} if me == 0 else None) == {"from": 0}
+    assert core.broadcast_object([n] if me == 0 else None) == [n]
+    assert core.allgather_object(None if me % 2 else me) == [None if r % 2 else r for r in range(n)]
     gathered = core.allgather_object({"rank": me, "payload": list(range(10 * me))})
     assert gathered == [{"rank": r, "payload": list(range(10 * r))} for r in range(n)], gathered
 

@@ -84,6 +84,8 @@ def check_refused_at_submission(n):
          lambda: core.allgather_async(np.array([None, 1], dtype=object), name="o")),
         (ValueError, "output must be a contiguous array of shape \\(4,\\)",
          lambda: core.allreduce_async(ones, name="o", output=np.ones(5))),
+        (TypeError, "output must be a NumPy array, got list",
+         lambda: core.allreduce_async(ones, name="o", output=[0.0] * 4)),
         (ValueError, "must be finite", lambda: core.allreduce_async(ones, name="f", prescale_factor=float("nan"))),
         (NotImplementedError, "Adasum", lambda: core.allreduce_async(ones, name="a", op=ReduceOp.ADASUM)),
         (ValueError, "non-empty string", lambda: core.allreduce_async(ones, name="")),
