@@ -13,6 +13,7 @@ call these functions; this package imports neither framework.
 
 import atexit
 import logging
+import os
 import threading
 
 import numpy as np
@@ -45,6 +46,9 @@ def init(comm=None):
             return
         settings = from_environment()
         _configure_logging(settings.log_level)
+        # The engine thread shares cores with the training threads: Open MPI must not spin while
+        # it waits (see hvdtrain/launcher.py). Read when MPI starts, so only if it has not yet.
+        os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
         from mpi4py import MPI  # initializes MPI (thread level "multiple") on first import
 
         if MPI.Query_thread() < MPI.THREAD_SERIALIZED:
