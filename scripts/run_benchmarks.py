@@ -35,8 +35,9 @@ def run_ranks(num_proc, argv, timeout=1800):
     return result.stdout
 
 
-def plain_loop(argv, threads, timeout=1800):
-    env = launcher.worker_environment(1, dict(os.environ, OMP_NUM_THREADS=str(threads)))
+def plain_loop(argv, ranks, timeout=1800):
+    """One process with the share of cores one of `ranks` ranks gets (every thread variable)."""
+    env = launcher.worker_environment(ranks)
     result = subprocess.run([sys.executable, "-u", *argv], env=env, capture_output=True, text=True, timeout=timeout)
     if result.returncode != 0:
         raise SystemExit(f"{' '.join(argv)} failed:\n{result.stdout}{result.stderr}")
@@ -52,14 +53,13 @@ def main():
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--model", default="resnet50")
-    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--out", help="write the figures as JSON here")
     args = parser.parse_args()
 
     synthetic = [str(SCRIPTS / "synthetic_benchmark.py"), "--no-cuda", "--model", args.model,
                  "--batch-size", str(args.batch_size), "--num-warmup-batches", "2",
                  "--num-batches-per-iter", "2", "--num-iters", "5"]
-    threads = launcher.threads_per_rank(args.ranks)
     rounds = []
     for round_index in range(args.repeats):
         with tempfile.NamedTemporaryFile(suffix=".json") as report:
@@ -69,7 +69,7 @@ def main():
             "allreduce": allreduce,
             "hvdtrain_img_s": total_images_per_second(run_ranks(args.ranks, synthetic)),
             "ddp_img_s": total_images_per_second(run_ranks(args.ranks, synthetic + ["--ddp"])),
-            "plain_img_s": total_images_per_second(plain_loop(synthetic, threads)),
+            "plain_img_s": total_images_per_second(plain_loop(synthetic, args.ranks)),
         }
         rounds.append(figures)
         print(f"round {round_index + 1}: {json.dumps({k: v for k, v in figures.items() if k != 'allreduce'})} "
