@@ -85,10 +85,13 @@ def synchronize(handle):
 # ----------------------------------------------------------------------------- allreduce
 
 
-def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, bucket=None):
+def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, bucket=None, array=None):
+    """`array`: a NumPy view of `tensor` that the caller keeps from step to step; the core
+    recognizes the same array under the same name and skips validating it again."""
     in_place = output is tensor
-    source = _source(tensor, in_place)
-    handle = core.allreduce_async(_array(source), name=name, op=op, prescale_factor=prescale_factor,
+    if array is None:
+        array = _array(_source(tensor, in_place))
+    handle = core.allreduce_async(array, name=name, op=op, prescale_factor=prescale_factor,
                                   postscale_factor=postscale_factor, output=_output_array(output, in_place),
                                   bucket=bucket)
     return _register([handle], lambda _: output)

@@ -37,6 +37,7 @@ class _GradientBuckets:
     def __init__(self, params, prefix):
         self.view = {}
         self.spec = {}  # param -> (bucket name, flat NumPy array) for the engine
+        self.arrays = {}  # param -> NumPy view of its gradient's place in the bucket
         self.flats = []
         by_dtype = {}
         for p in params:
@@ -48,6 +49,7 @@ class _GradientBuckets:
             offset = 0
             for p in members:
                 self.view[p] = flat[offset:offset + p.numel()].view_as(p)
+                self.arrays[p] = mpi_ops._array(self.view[p])
                 self.spec[p] = spec
                 offset += p.numel()
             self.flats.append(flat)
@@ -137,7 +139,7 @@ class _DistributedOptimizer:
         compressed, context = self._compression.compress(p.grad)
         if compressed is p.grad and p in self._buckets.spec:
             handle = mpi_ops._allreduce_async(p.grad, p.grad, name, self._op, prescale, postscale,
-                                              bucket=self._buckets.spec[p])
+                                              bucket=self._buckets.spec[p], array=self._buckets.arrays[p])
         else:
             handle = mpi_ops.allreduce_async_(compressed, name=name, op=self._op, prescale_factor=prescale,
                                               postscale_factor=postscale)

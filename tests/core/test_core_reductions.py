@@ -308,3 +308,59 @@ def test_bucket_misuse_is_refused_at_submission(alone):
 @pytest.mark.parametrize("num_proc", [2, 3])
 def test_bucket_regions_are_exact(mpirun, num_proc):
     mpirun(num_proc, ranks_bucket, timeout=120)
+
+
+# ----------------------------------------------------------------------------- resubmission
+
+def ranks_resubmitted():
+    """Training submits the same array objects under the same names every step, and the engine
+    skips validating them again. Whatever changes between steps (the values, the op, the
+    array's shape, its bucket, its writeability) must still be seen."""
+    core.init()
+    n, me = core.size(), core.rank()
+    flat = np.zeros(BUCKET_SIZE, np.float32)
+    regions = bucket_regions()
+    views = [flat[start:stop].reshape(shape) for (start, stop), shape in zip(regions, BUCKET_SHAPES)]
+
+    def step(label, op, shapes=BUCKET_SHAPES):
+        inputs = [sample((rank, label), "float32", (BUCKET_SIZE,)) for rank in range(n)]
+        flat[:] = inputs[me]
+        handles = [core.allreduce_async(view, name=f"resubmitted.{i}", op=op, bucket=("grads", flat))
+                   for i, view in enumerate(views)]
+        assert all(h.wait() is view for h, view in zip(handles, views))
+        for view, shape in zip(views, shapes):
+            assert view.shape == shape
+        expected = inputs[me].astype(np.float64)
+        reduced = reference(inputs, op)
+        for start, stop in regions:
+            expected[start:stop] = reduced[start:stop]
+        failure = mismatch(f"step {label}", flat, expected, "float32", op)
+        assert failure is None, failure
+
+    for label in range(3):
+        step(label, ReduceOp.SUM)
+    step(10, ReduceOp.MAX)
+    views[3].shape = (50, 40)  # the same array object, reshaped in place
+    step(11, ReduceOp.SUM, BUCKET_SHAPES[:3] + ((50, 40),) + BUCKET_SHAPES[4:])
+    if n > 1:
+        if me == 1:
+            views[3].shape = (40, 50)
+        with pytest.raises(core.TensorMismatchError) as raised:
+            core.allreduce_async(views[3], name="resubmitted.3", op=ReduceOp.SUM, bucket=("grads", flat)).wait()
+        assert raised.value.field == "shape", raised.value
+
+    other = np.zeros(BUCKET_SIZE, np.float32)
+    with pytest.raises(ValueError, match="does not lie inside bucket 'grads'"):
+        core.allreduce_async(views[0], name="resubmitted.0", op=ReduceOp.SUM, bucket=("grads", other))
+    views[1].flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        core.allreduce_async(views[1], name="resubmitted.1", op=ReduceOp.SUM, bucket=("grads", flat))
+
+
+def test_resubmitted_arrays_alone(alone):
+    alone(ranks_resubmitted)
+
+
+@pytest.mark.parametrize("num_proc", [2, 3])
+def test_resubmitted_arrays_are_exact(mpirun, num_proc):
+    mpirun(num_proc, ranks_resubmitted, timeout=120)
