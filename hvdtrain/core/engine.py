@@ -75,6 +75,7 @@ class Engine:
         self._stopped_error = None
 
         self._wake = threading.Event()  # set by submissions: ends an idle engine's wait early
+        self._woken_at = 0.0
         self._thread = threading.Thread(target=self._run, name="hvdtrain-engine", daemon=True)
         self._thread.start()
 
@@ -178,6 +179,7 @@ class Engine:
         # Setting an Event costs a lock and a notify; the engine clears it only after a wait,
         # before taking what was submitted, so an entry queued while it is set is not missed.
         if not self._wake.is_set():
+            self._woken_at = time.perf_counter()
             self._wake.set()
 
     def _validate(self, kind, name, array, output, op, prescale, postscale, root, splits, bucket):
@@ -302,7 +304,12 @@ class Engine:
                 else:
                     wait = min(2 * wait, max(IDLE_WAIT_S, cycle_time))
                     if self._wake.wait(wait):
-                        time.sleep(cycle_time)  # a step submits many tensors: let them come
+                        # A step submits many tensors: let them come for one cycle time, counted
+                        # from the first submission, since this thread may get the GIL only after
+                        # the submitting thread is done.
+                        remaining = self._woken_at + cycle_time - time.perf_counter()
+                        if remaining > 0:
+                            time.sleep(remaining)
                 self._wake.clear()
         except Exception as exc:  # a bug or a transport failure: never leave peers hanging
             message = f"hvdtrain engine failed on rank {self.rank}: {exc!r}"
@@ -318,12 +325,14 @@ class Engine:
         timeline = self._timeline
         if timeline is not None:
             timeline.cycle_start(time.perf_counter())
-        while self._submitted:
-            entry = self._submitted.popleft()
-            if entry.request.kind == Kind.JOIN:
+        submitted, pending = self._submitted, self._pending
+        while submitted:
+            entry = submitted.popleft()
+            request = entry.request
+            if request.kind is Kind.JOIN:
                 self._join_entry = entry
             else:
-                self._pending[entry.name] = entry
+                pending[request.name] = entry
 
         hits, uncached = self._classify()
         flags = 0
@@ -372,7 +381,7 @@ class Engine:
         """Bits of the cached responses this rank has ready, and the entries the coordinator
         must see: new names, changed requests, and cached ones that have waited too long
         (so that the stall inspector can name the ranks missing them)."""
-        cache = self._cache
+        cached_as = self._cache.get
         stale_after = self.settings.stall_check_time_s if self.settings.stall_check_enabled else float("inf")
         submitted_before = time.perf_counter() - stale_after
         hits = 0
@@ -380,8 +389,11 @@ class Engine:
         for entry in self._pending.values():
             if entry.sent_to_coordinator:
                 continue
-            cached = cache.get(entry.name)
-            if cached is not None and cached.request == entry.request and entry.submitted_at > submitted_before:
+            request = entry.request
+            cached = cached_as(request.name)
+            # A remembered request is the very object the cache holds: `is` settles most.
+            if (cached is not None and (cached.request is request or cached.request == request)
+                    and entry.submitted_at > submitted_before):
                 hits |= 1 << cached.id
             else:
                 uncached.append(entry)
@@ -399,11 +411,16 @@ class Engine:
         from mpi4py import MPI
 
         request = self._world.Iallreduce(MPI.IN_PLACE, vector, MPI.BAND)
-        # Wait without spinning: ranks share cores with their training threads.
+        # Wait without spinning: ranks share cores with their training threads. The agreement
+        # completes only once every rank has polled after the last one arrived, and ranks that
+        # submitted one step usually arrive within a millisecond or two of each other: poll
+        # often that long (a late poll delays the reduction that follows by as much; traced:
+        # up to 1 ms of a 40 ms step), then rarely, since a peer may idle for IDLE_WAIT_S.
         delay = 2e-5
+        poll_often_until = time.perf_counter() + 2e-3
         while not request.Test():
             time.sleep(delay)
-            delay = min(delay * 2, 5e-4)
+            delay = min(delay * 2, 1e-4 if time.perf_counter() < poll_often_until else 5e-4)
         ready = int.from_bytes(vector[:words].tobytes(), "little") if words else 0
         return ready, ~int(vector[words]) & _FLAG_MASK
 

@@ -92,24 +92,32 @@ class Handle:
     """The future of one collective: `poll()` says whether it finished, `wait()` returns its
     result or raises its error."""
 
-    __slots__ = ("name", "_lock", "_done", "_result", "_error")
+    __slots__ = ("name", "_done", "_result", "_error", "_waiter")
 
     def __init__(self, name):
+        # No lock yet: one is made only when a caller blocks. Training submits hundreds of
+        # handles a step and finds most of them finished by the time it waits.
         self.name = name
-        # Held until the operation finishes; a plain lock is far cheaper to make than an Event.
-        self._lock = threading.Lock()
-        self._lock.acquire()
         self._done = False
         self._result = None
         self._error = None
+        self._waiter = None
 
     def poll(self):
         return self._done
 
     def wait(self):
         if not self._done:
-            with self._lock:
-                pass
+            with _WAITER_CREATION:
+                waiter = self._waiter
+                if waiter is None:
+                    waiter = self._waiter = threading.Lock()
+                    waiter.acquire()
+            # _finish sets _done before it reads _waiter: either it sees this lock and releases
+            # it, or _done is already true here.
+            if not self._done:
+                waiter.acquire()
+                waiter.release()  # for any other thread waiting on the same handle
         if self._error is not None:
             raise self._error
         return self._result
@@ -120,7 +128,12 @@ class Handle:
         self._result = result
         self._error = error
         self._done = True
-        self._lock.release()
+        waiter = self._waiter
+        if waiter is not None:
+            waiter.release()
+
+
+_WAITER_CREATION = threading.Lock()
 
 
 class Entry:

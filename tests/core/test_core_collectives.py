@@ -1,5 +1,6 @@
 """allgather, broadcast, alltoall, barrier, join, the object collectives and the topology, on
-real ranks (and alone, as a job of size 1), against what every rank's known inputs make."""
+real ranks (and alone, as a job of size 1), against what every rank's known inputs make; and the
+Handle every collective returns."""
 
 import time
 
@@ -152,3 +153,25 @@ def test_collectives(mpirun, num_proc):
 
 def test_collectives_alone(alone):
     alone(ranks_collectives)
+
+
+def test_a_handle_wakes_every_thread_waiting_on_it_and_gives_them_the_error():
+    import threading
+
+    from hvdtrain.core.requests import Handle
+
+    handle, failed = Handle("late"), Handle("failed")
+    results = []
+    waiting = [threading.Thread(target=lambda: results.append(handle.wait()), daemon=True) for _ in range(3)]
+    for thread in waiting:
+        thread.start()
+    time.sleep(0.2)  # let the threads block before the result arrives
+    assert not handle.poll() and results == []
+    handle._finish("result")
+    for thread in waiting:
+        thread.join(timeout=5)
+    assert results == ["result"] * 3
+    assert handle.poll() and handle.wait() == "result"
+    failed._finish(error=ValueError("from the engine"))
+    with pytest.raises(ValueError, match="from the engine"):
+        failed.synchronize()
