@@ -160,21 +160,23 @@ class Engine:
                 raise HorovodInternalError(self._stopped_error)
             in_flight = self._in_flight
             added = []
-            for entry in entries:
-                request = entry.request
-                if request.kind is Kind.JOIN:
-                    if self._join_entry is not None or any(e.request.kind is Kind.JOIN for e in self._submitted):
-                        in_flight.difference_update(added)
-                        raise ValueError(f"rank {self.rank} called join() while its previous join() is in flight")
-                elif request.name in in_flight:
-                    in_flight.difference_update(added)
-                    raise ValueError(
-                        f"a collective named '{request.name}' is already in flight on rank {self.rank}; "
-                        "names of operations in flight must be unique"
-                    )
-                else:
-                    in_flight.add(request.name)
-                    added.append(request.name)
+            try:
+                for entry in entries:
+                    request = entry.request
+                    if request.kind is Kind.JOIN:
+                        if self._join_entry is not None or any(e.request.kind is Kind.JOIN for e in self._submitted):
+                            raise ValueError(f"rank {self.rank} called join() while its previous join() is in flight")
+                    elif request.name in in_flight:
+                        raise ValueError(
+                            f"a collective named '{request.name}' is already in flight on rank {self.rank}; "
+                            "names of operations in flight must be unique"
+                        )
+                    else:
+                        in_flight.add(request.name)
+                        added.append(request.name)
+            except ValueError:
+                in_flight.difference_update(added)  # a group is queued whole or not at all
+                raise
             self._submitted.extend(entries)
         # Setting an Event costs a lock and a notify; the engine clears it only after a wait,
         # before taking what was submitted, so an entry queued while it is set is not missed.
