@@ -4,11 +4,13 @@
 
 Measures, with the gradient shapes of a torchvision model (ResNet-101: 314 tensors, 178 MB):
   (b) the best raw mpi4py Allreduce of the same bytes: one flat buffer, or the buffer in
-      pieces of 16, 4 or 1 MiB; measured before the engine starts;
+      pieces of 16, 4 or 1 MiB; measured while no engine runs;
   (a) the engine reducing the list of named tensors (default settings);
   (c) the engine with fusion off (HOROVOD_FUSION_THRESHOLD=0).
-Each figure is the median of --repeats timed runs after --warmup runs, all ranks starting
-together. Ratios above 1 mean the engine is faster than the reference.
+The machine's speed drifts by tens of percent within minutes, so the run is made of --rounds
+rounds, each timing raw MPI and then every engine variant (median of --repeats timed runs
+after --warmup, all ranks starting together). A ratio is taken within a round; the figures
+printed are medians over the rounds. Ratios above 1 mean the engine is faster.
 """
 
 import argparse
@@ -93,11 +95,34 @@ def engine_time(tensors, op, warmup, repeats, bucket=None):
     return seconds
 
 
+def one_round(tensors, in_bucket, bucket, total_elements, warmup, repeats):
+    """Every variant once, raw MPI first: {"raw": {...}, "engine": {...}, "negotiation": {...}}."""
+    from hvdtrain import core
+
+    SUM, AVERAGE = core.ReduceOp.SUM, core.ReduceOp.AVERAGE
+    raw = raw_mpi_best(total_elements, warmup, repeats)
+    engine = {
+        "bucket_sum": engine_time(in_bucket, SUM, warmup, repeats, bucket),
+        "bucket_average": engine_time(in_bucket, AVERAGE, warmup, repeats, bucket),
+        "separate_sum": engine_time(tensors, SUM, warmup, repeats),
+    }
+    with environment(HOROVOD_FUSION_THRESHOLD="0"):
+        engine["separate_sum_fusion_off"] = engine_time(tensors, SUM, warmup, repeats)
+    # Negotiation alone: as many tensors, of one element each, with the response cache (one
+    # bit-vector allreduce per cycle) and without it (the coordinator gathers every request).
+    tiny = [(name, np.ones(1, np.float32)) for name, _ in tensors]
+    negotiation = {"cached": engine_time(tiny, SUM, warmup, repeats)}
+    with environment(HOROVOD_CACHE_CAPACITY="0"):
+        negotiation["uncached"] = engine_time(tiny, SUM, warmup, repeats)
+    return {"raw": raw, "engine": engine, "negotiation": negotiation}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="resnet101")
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--repeats", type=int, default=11)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", help="also write the results to this file (rank 0)")
     args = parser.parse_args()
 
@@ -111,44 +136,39 @@ def main():
         in_bucket.append((name, bucket[offset:offset + size].reshape(shape)))
         offset += size
 
-    raw = raw_mpi_best(total_elements, args.warmup, args.repeats)
-    from hvdtrain import core
+    rounds = [one_round(separate, in_bucket, bucket, total_elements, args.warmup, args.repeats)
+              for _ in range(args.rounds)]
     from mpi4py import MPI
-
-    SUM, AVERAGE = core.ReduceOp.SUM, core.ReduceOp.AVERAGE
-    engine = {
-        "bucket_sum": engine_time(in_bucket, SUM, args.warmup, args.repeats, bucket),
-        "bucket_average": engine_time(in_bucket, AVERAGE, args.warmup, args.repeats, bucket),
-        "separate_sum": engine_time(separate, SUM, args.warmup, args.repeats),
-    }
-    with environment(HOROVOD_FUSION_THRESHOLD="0"):
-        engine["separate_sum_fusion_off"] = engine_time(separate, SUM, args.warmup, args.repeats)
-    # Negotiation alone: as many tensors, of one element each, with the response cache (one
-    # bit-vector allreduce per cycle) and without it (the coordinator gathers every request).
-    tiny = [(name, np.ones(1, np.float32)) for name, _ in shapes]
-    negotiation = {"cached": engine_time(tiny, SUM, args.warmup, args.repeats)}
-    with environment(HOROVOD_CACHE_CAPACITY="0"):
-        negotiation["uncached"] = engine_time(tiny, SUM, args.warmup, args.repeats)
 
     if MPI.COMM_WORLD.Get_rank() != 0:
         return
-    best_label = min(raw, key=raw.get)
-    best = raw[best_label]
+    for r in rounds:
+        r["ratio"] = {k: min(r["raw"].values()) / v for k, v in r["engine"].items()}
+
+    def median_ms(part, key):
+        return statistics.median(r[part][key] for r in rounds) * 1e3
+
+    raw_labels, engine_labels = rounds[0]["raw"].keys(), rounds[0]["engine"].keys()
     report = {
         "model": args.model,
         "ranks": MPI.COMM_WORLD.Get_size(),
         "tensors": len(shapes),
         "megabytes": round(total_elements * 4 / 1e6, 1),
-        "raw_mpi_ms": {k: round(v * 1e3, 2) for k, v in raw.items()},
-        "engine_ms": {k: round(v * 1e3, 2) for k, v in engine.items()},
-        "ratio_best_raw_over_engine": {k: round(best / v, 3) for k, v in engine.items()},
-        "negotiation_ms": {k: round(v * 1e3, 3) for k, v in negotiation.items()},
+        "rounds": args.rounds,
+        "raw_mpi_ms": {k: round(median_ms("raw", k), 2) for k in raw_labels},
+        "raw_mpi_best_ms": round(statistics.median(min(r["raw"].values()) for r in rounds) * 1e3, 2),
+        "engine_ms": {k: round(median_ms("engine", k), 2) for k in engine_labels},
+        "ratio_best_raw_over_engine": {k: round(statistics.median(r["ratio"][k] for r in rounds), 3)
+                                       for k in engine_labels},
+        "ratio_by_round": {k: [round(r["ratio"][k], 3) for r in rounds] for k in engine_labels},
+        "negotiation_ms": {k: round(median_ms("negotiation", k), 3) for k in ("cached", "uncached")},
     }
     print(f"{args.model}: {len(shapes)} tensors, {report['megabytes']} MB, {report['ranks']} ranks; "
-          f"median of {args.repeats} after {args.warmup} warm-up")
-    for label, seconds in raw.items():
-        print(f"  raw MPI Allreduce, {label:>5}:              {seconds * 1e3:8.2f} ms")
-    print(f"  (b) best raw MPI ({best_label}):                 {best * 1e3:8.2f} ms")
+          f"{args.rounds} rounds of raw MPI then the engine, each a median of {args.repeats} after "
+          f"{args.warmup} warm-up; medians over the rounds")
+    for label, ms in report["raw_mpi_ms"].items():
+        print(f"  raw MPI Allreduce, {label:>5}:              {ms:8.2f} ms")
+    print(f"  (b) best raw MPI in each round:             {report['raw_mpi_best_ms']:8.2f} ms")
     labels = {
         "bucket_sum": "(a) engine, Sum, gradients in a bucket",
         "bucket_average": "    engine, Average, gradients in a bucket",
@@ -156,9 +176,11 @@ def main():
         "separate_sum_fusion_off": "(c) engine, Sum, separate, fusion off",
     }
     for key, label in labels.items():
-        print(f"  {label:<42} {engine[key] * 1e3:8.2f} ms   (b)/this = {best / engine[key]:.3f}")
-    print(f"  negotiation of {len(shapes)} one-element tensors: {negotiation['cached'] * 1e3:.2f} ms with the "
-          f"response cache, {negotiation['uncached'] * 1e3:.2f} ms through the coordinator "
+        rounds_text = " ".join(f"{x:.2f}" for x in report["ratio_by_round"][key])
+        print(f"  {label:<42} {report['engine_ms'][key]:8.2f} ms   (b)/this = "
+              f"{report['ratio_best_raw_over_engine'][key]:.3f}  (rounds: {rounds_text})")
+    print(f"  negotiation of {len(shapes)} one-element tensors: {report['negotiation_ms']['cached']:.2f} ms with "
+          f"the response cache, {report['negotiation_ms']['uncached']:.2f} ms through the coordinator "
           f"(HOROVOD_CACHE_CAPACITY=0)")
     if args.json:
         with open(args.json, "w") as f:
