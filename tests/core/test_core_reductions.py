@@ -223,6 +223,30 @@ def test_fused_and_unfused_results_are_identical(mpirun, num_proc):
     mpirun(num_proc, ranks_fusion_settings_agree, timeout=180)
 
 
+def ranks_get_the_same_bits():
+    """Inexact float inputs, so that the order of additions and where the scaling happens show
+    in the last bits: a large Average (the backend's ring), a large Sum (MPI), a fused Average."""
+    core.init()
+    n, me = core.size(), core.rank()
+    rng = np.random.default_rng(me)
+    cases = {"ring average": (3 * 1024 * 1024 // 4, ReduceOp.AVERAGE), "mpi sum": (3 * 1024 * 1024 // 4, ReduceOp.SUM),
+             "fused average": (1000, ReduceOp.AVERAGE)}
+    for label, (elements, op) in cases.items():
+        inputs = rng.standard_normal(elements).astype(np.float32)
+        result = core.allreduce_async(inputs.copy(), name=label, op=op).wait()
+        everyone = core.allgather_async(result.view(np.uint8)[None], name=f"{label}.bits").wait()
+        differing = [r for r in range(n) if everyone[r].tobytes() != everyone[0].tobytes()]
+        assert not differing, f"{label}: ranks {differing} got other bits than rank 0"
+        every_input = core.allgather_async(inputs[None], name=f"{label}.inputs").wait().astype(np.float64)
+        expected = every_input.sum(axis=0) / (n if op == ReduceOp.AVERAGE else 1)
+        assert np.allclose(result, expected, rtol=1e-5, atol=1e-5), f"{label}: not the {op.name.lower()}"
+
+
+@pytest.mark.parametrize("num_proc", [2, 3, 4])
+def test_every_rank_gets_the_same_bits(mpirun, num_proc):
+    mpirun(num_proc, ranks_get_the_same_bits)
+
+
 # ----------------------------------------------------------------------------- buckets
 
 BUCKET_SHAPES = ((5,), (70000,), (3,), (40, 50), (1,), (300,))
