@@ -3,12 +3,14 @@
     python scripts/run_benchmarks.py [--repeats 3] [--ranks 2] [--out benchmarks.json]
 
 This machine is shared and noisy, so every comparison is a ratio of runs made in turns in
-one session, and each figure is the median over --repeats rounds:
-  - the engine against raw MPI (scripts/bench_allreduce.py, itself rounds of raw MPI then the
-    engine, each a median of several timings);
+one session:
+  - the engine against raw MPI: scripts/bench_allreduce.py, once, with --allreduce-rounds
+    rounds of raw MPI then the engine (the ratios are taken within each round);
   - training throughput of hvdtrain.torch against PyTorch DDP (gloo) at --ranks ranks, and
     against the plain single-process loop with the same per-rank share of cores
-    (scripts/synthetic_benchmark.py).
+    (scripts/synthetic_benchmark.py): --repeats rounds of the three runs in turn; a ratio is
+    taken within a round and the median over rounds is reported (single runs of the same code
+    differ by 10-20 % here, so one pair says little).
 """
 
 import argparse
@@ -51,7 +53,8 @@ def total_images_per_second(output):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5, help="rounds of the three training runs")
+    parser.add_argument("--allreduce-rounds", type=int, default=7)
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--model", default="resnet50")
     parser.add_argument("--batch-size", type=int, default=8)
@@ -61,32 +64,31 @@ def main():
     synthetic = [str(SCRIPTS / "synthetic_benchmark.py"), "--no-cuda", "--model", args.model,
                  "--batch-size", str(args.batch_size), "--num-warmup-batches", "2",
                  "--num-batches-per-iter", "2", "--num-iters", "5"]
+    with tempfile.NamedTemporaryFile(suffix=".json") as report:
+        run_ranks(args.ranks, [str(SCRIPTS / "bench_allreduce.py"), "--rounds", str(args.allreduce_rounds),
+                               "--json", report.name])
+        allreduce = json.load(open(report.name))
+    print(f"allreduce: raw/engine {allreduce['ratio_best_raw_over_engine']}", flush=True)
+
     rounds = []
     for round_index in range(args.repeats):
-        with tempfile.NamedTemporaryFile(suffix=".json") as report:
-            run_ranks(args.ranks, [str(SCRIPTS / "bench_allreduce.py"), "--json", report.name])
-            allreduce = json.load(open(report.name))
         figures = {
-            "allreduce": allreduce,
             "hvdtrain_img_s": total_images_per_second(run_ranks(args.ranks, synthetic)),
             "ddp_img_s": total_images_per_second(run_ranks(args.ranks, synthetic + ["--ddp"])),
             "plain_img_s": total_images_per_second(plain_loop(synthetic, args.ranks)),
         }
         rounds.append(figures)
-        print(f"round {round_index + 1}: {json.dumps({k: v for k, v in figures.items() if k != 'allreduce'})} "
-              f"allreduce ratios {allreduce['ratio_best_raw_over_engine']}", flush=True)
+        print(f"round {round_index + 1}: {json.dumps(figures)}", flush=True)
 
     def median(select):
         return statistics.median(select(r) for r in rounds)
 
-    ratios = rounds[0]["allreduce"]["ratio_best_raw_over_engine"].keys()
     summary = {
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
         "ranks": args.ranks,
         "repeats": args.repeats,
-        "allreduce_ms": {k: median(lambda r: r["allreduce"]["engine_ms"][k]) for k in ratios},
-        "raw_mpi_best_ms": median(lambda r: r["allreduce"]["raw_mpi_best_ms"]),
-        "raw_over_engine": {k: median(lambda r: r["allreduce"]["ratio_best_raw_over_engine"][k]) for k in ratios},
+        "allreduce": {k: allreduce[k] for k in ("rounds", "raw_mpi_ms", "raw_mpi_best_ms", "engine_ms",
+                                                "ratio_best_raw_over_engine", "ratio_by_round", "negotiation_ms")},
         "synthetic": {
             "model": args.model,
             "per_rank_batch": args.batch_size,
@@ -94,6 +96,7 @@ def main():
             "ddp_img_s": median(lambda r: r["ddp_img_s"]),
             "plain_img_s": median(lambda r: r["plain_img_s"]),
             "hvdtrain_over_ddp": median(lambda r: r["hvdtrain_img_s"] / r["ddp_img_s"]),
+            "hvdtrain_over_ddp_by_round": [round(r["hvdtrain_img_s"] / r["ddp_img_s"], 3) for r in rounds],
             "scaling_efficiency": median(lambda r: r["hvdtrain_img_s"] / (args.ranks * r["plain_img_s"])),
             "ddp_scaling_efficiency": median(lambda r: r["ddp_img_s"] / (args.ranks * r["plain_img_s"])),
         },

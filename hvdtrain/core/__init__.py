@@ -19,7 +19,7 @@ import threading
 import numpy as np
 
 from .exceptions import HorovodInternalError, HostsUpdatedInterrupt, TensorMismatchError
-from .requests import Handle, Kind, ReduceOp
+from .requests import ALLREDUCE, Handle, Kind, ReduceOp
 from .settings import Settings, from_environment
 
 __all__ = [
@@ -140,7 +140,7 @@ def allreduce_async(array, name=None, op=ReduceOp.AVERAGE, prescale_factor=1.0, 
     `bucket=(bucket_name, flat_array)` says that `array` is a view of `flat_array`, which holds
     other tensors too (a model's gradients, say) laid out alike on every rank; tensors that lie
     next to each other in a bucket are reduced as one region, without copies."""
-    return running_engine().submit(Kind.ALLREDUCE, array, name=name, output=output, op=op,
+    return running_engine().submit(ALLREDUCE, array, name=name, output=output, op=op,
                                    prescale=prescale_factor, postscale=postscale_factor, bucket=bucket)
 
 

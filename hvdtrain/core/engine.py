@@ -25,13 +25,13 @@ import numpy as np
 from .exceptions import HorovodInternalError, TensorMismatchError
 from .mpi_backend import REDUCIBLE_DTYPES, MpiBackend
 from .negotiation import AUTO_NAME_MARK, Coordinator, ResponseCache, cacheable
-from .requests import REDUCING_KINDS, Entry, Handle, Kind, ReduceOp, Request, numpy_dtype
+from .requests import ALLREDUCE, BROADCAST, JOIN, REDUCING_KINDS, Entry, Handle, Kind, ReduceOp, Request, numpy_dtype
 from .timeline import Timeline
 from .discovery import discover
 
 log = logging.getLogger("hvdtrain.core")
 
-_WANTS_ROUND, _JOINED, _SHUTDOWN = 1, 2, 4
+_WANTS_ROUND, JOINED, _SHUTDOWN = 1, 2, 4
 _FLAG_MASK = 7
 
 IDLE_WAIT_S = 0.01
@@ -113,7 +113,7 @@ class Engine:
         if request is None:
             request = self._validate(kind, name, array, output, op, prescale, postscale, root, splits, bucket)
             self._remember(request, array, output, splits, bucket)
-        if kind in (Kind.ALLREDUCE, Kind.BROADCAST) and output is None:
+        if output is None and (kind is ALLREDUCE or kind is BROADCAST):
             output = array
         return Entry(request, Handle(name), array, output,
                      None if splits is None else np.asarray(splits, np.int64),
@@ -126,7 +126,7 @@ class Engine:
     # object and the options are unchanged. Weak references: remembering keeps nothing alive.
 
     def _remember(self, request, array, output, splits, bucket):
-        if (request.kind not in (Kind.ALLREDUCE, Kind.BROADCAST) or (output is not None and output is not array)
+        if (request.kind not in (ALLREDUCE, BROADCAST) or (output is not None and output is not array)
                 or splits is not None or AUTO_NAME_MARK in request.name):
             return
         if len(self._validated) >= REMEMBERED_REQUESTS:
@@ -163,8 +163,8 @@ class Engine:
             try:
                 for entry in entries:
                     request = entry.request
-                    if request.kind is Kind.JOIN:
-                        if self._join_entry is not None or any(e.request.kind is Kind.JOIN for e in self._submitted):
+                    if request.kind is JOIN:
+                        if self._join_entry is not None or any(e.request.kind is JOIN for e in self._submitted):
                             raise ValueError(f"rank {self.rank} called join() while its previous join() is in flight")
                     elif request.name in in_flight:
                         raise ValueError(
@@ -331,7 +331,7 @@ class Engine:
         while submitted:
             entry = submitted.popleft()
             request = entry.request
-            if request.kind is Kind.JOIN:
+            if request.kind is JOIN:
                 self._join_entry = entry
             else:
                 pending[request.name] = entry
@@ -343,7 +343,7 @@ class Engine:
         ):
             flags |= _WANTS_ROUND
         if self._join_entry is not None:
-            flags |= _JOINED
+            flags |= JOINED
         if self._stop_requested:
             flags |= _SHUTDOWN
         ready_hits, flags = self._exchange(hits, flags)
@@ -354,8 +354,8 @@ class Engine:
         if ready_hits:
             self._run_plan(self._plan_of_hits(ready_hits), time.perf_counter())
 
-        if flags & (_WANTS_ROUND | _JOINED):
-            some_rank_joined = bool(flags & _JOINED)
+        if flags & (_WANTS_ROUND | JOINED):
+            some_rank_joined = bool(flags & JOINED)
             to_send = [e for e in self._pending.values() if not e.sent_to_coordinator]
             if not some_rank_joined:
                 uncached_names = {e.name for e in uncached}
@@ -460,7 +460,7 @@ class Engine:
         open_batches = {}  # fusion key -> (responses, bytes), in order of first appearance
         for response in responses:
             request = response.request
-            if response.error is not None or response.kind != Kind.ALLREDUCE:
+            if response.error is not None or response.kind is not ALLREDUCE:
                 steps.append(response)
                 continue
             key = (request.dtype, request.op, request.prescale, request.postscale, request.device)
