@@ -1,6 +1,6 @@
 """Run the benchmarks side by side and print the README's table.
 
-    python scripts/run_benchmarks.py [--repeats 3] [--ranks 2] [--out benchmarks.json]
+    python scripts/run_benchmarks.py [--repeats 5] [--ranks 2] [--out benchmarks.json]
 
 This machine is shared and noisy, so every comparison is a ratio of runs made in turns in
 one session:

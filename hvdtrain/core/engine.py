@@ -25,13 +25,14 @@ import numpy as np
 from .exceptions import HorovodInternalError, TensorMismatchError
 from .mpi_backend import REDUCIBLE_DTYPES, MpiBackend
 from .negotiation import AUTO_NAME_MARK, Coordinator, ResponseCache, cacheable
-from .requests import ALLREDUCE, BROADCAST, JOIN, REDUCING_KINDS, Entry, Handle, Kind, ReduceOp, Request, numpy_dtype
+from .requests import (ALLREDUCE, BROADCAST, JOIN, REDUCING_KINDS, Entry, Handle, Kind, ReduceOp, Request,
+                       numpy_dtype)
 from .timeline import Timeline
 from .discovery import discover
 
 log = logging.getLogger("hvdtrain.core")
 
-_WANTS_ROUND, JOINED, _SHUTDOWN = 1, 2, 4
+_WANTS_ROUND, _JOINED, _SHUTDOWN = 1, 2, 4
 _FLAG_MASK = 7
 
 IDLE_WAIT_S = 0.01
@@ -343,7 +344,7 @@ class Engine:
         ):
             flags |= _WANTS_ROUND
         if self._join_entry is not None:
-            flags |= JOINED
+            flags |= _JOINED
         if self._stop_requested:
             flags |= _SHUTDOWN
         ready_hits, flags = self._exchange(hits, flags)
@@ -354,8 +355,8 @@ class Engine:
         if ready_hits:
             self._run_plan(self._plan_of_hits(ready_hits), time.perf_counter())
 
-        if flags & (_WANTS_ROUND | JOINED):
-            some_rank_joined = bool(flags & JOINED)
+        if flags & (_WANTS_ROUND | _JOINED):
+            some_rank_joined = bool(flags & _JOINED)
             to_send = [e for e in self._pending.values() if not e.sent_to_coordinator]
             if not some_rank_joined:
                 uncached_names = {e.name for e in uncached}
