@@ -26,8 +26,11 @@ class RunLog:
             keep_history_until(self.path, start_step)
             # TensorBoard drops the interrupted run's events from this step on.
             self.events.add(Event(step=start_step + 1, session_log=SessionLog(status=SessionLog.START)))
+        # A bar redrawn with carriage returns garbles a log file (a batch job's, a CI run's):
+        # where stderr is not a terminal every record gets a line of its own instead.
+        self.interactive = sys.stderr.isatty()
         self.bar = tqdm(total=total_steps, initial=start_step, unit="step", file=sys.stderr,
-                        dynamic_ncols=True, mininterval=1.0)
+                        dynamic_ncols=True, mininterval=1.0, disable=not self.interactive)
 
     def advance(self):
         self.bar.update(1)
@@ -40,9 +43,14 @@ class RunLog:
                    if key not in ("step", "epoch", "event") and isinstance(value, (int, float))]
         self.events.add(Event(step=values["step"], summary=Summary(value=scalars)))
         if "samples_per_s" in values:
-            self.bar.set_postfix_str(
-                f"loss {values['loss']:.4f}, lr {values['lr']:.4g}, {values['samples_per_s']:.0f} samples/s "
-                f"({values['samples_per_s'] / self.world_size:.0f} per worker)", refresh=False)
+            throughput = (f"{values['samples_per_s']:.0f} samples/s "
+                          f"({values['samples_per_s'] / self.world_size:.0f} per worker)")
+            if self.interactive:
+                self.bar.set_postfix_str(f"loss {values['loss']:.4f}, lr {values['lr']:.4g}, {throughput}",
+                                         refresh=False)
+            else:
+                self.bar.write(f"step {values['step']}  epoch {values['epoch']:.4g}  lr {values['lr']:.4g}  "
+                               f"loss {values['loss']:.4f}  {throughput}", file=sys.stderr)
         else:
             self.bar.write("  ".join(f"{key} {value:.4g}" if isinstance(value, float) else f"{key} {value}"
                                      for key, value in values.items() if key != "event"), file=sys.stderr)

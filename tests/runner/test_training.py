@@ -3,6 +3,7 @@ checkpoint and resumed ends exactly as an uninterrupted one; an ImageFolder reci
 inside an existing mpirun job; a failing worker; a sweep; exact validation sums."""
 
 import json
+import re
 import sys
 
 import pytest
@@ -48,6 +49,17 @@ def test_the_default_recipe_reaches_its_target_on_two_local_ranks(default_run):
     assert all({"step", "epoch", "lr", "loss"} <= set(r) for r in records)
     assert [r["epoch"] for r in records if r["event"] == "eval"] == list(range(1, 13))
     assert len(list((run_dir / "checkpoints").glob("step-*.ckpt"))) == 3  # keep_checkpoints
+
+
+def test_a_run_logging_to_a_file_writes_lines_not_a_progress_bar(default_run):
+    _, result = default_run  # stderr is a pipe, as in a batch job's log file
+    assert "\r" not in result.stderr
+    train_lines = re.findall(r"^step (\d+)  epoch \S+  lr \S+  loss \S+  \d+ samples/s \(\d+ per worker\)$",
+                             result.stderr, re.MULTILINE)
+    # every train.log_every_steps (5) steps, and at each epoch's end (22 steps an epoch)
+    expected = sorted({s for s in range(5, 265, 5)} | {22 * e for e in range(1, 13)})
+    assert [int(step) for step in train_lines] == expected
+    assert len(re.findall(r"^step \d+  epoch \d+  lr .* val_top1 ", result.stderr, re.MULTILINE)) == 12
 
 
 def test_a_killed_run_resumes_to_the_same_weights(default_run, tmp_path):
