@@ -17,7 +17,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
 from hvdtrain import cluster, launcher
-from hvdtrain.config import CONF_DIR, ConfigError, claim_run_dir, load_run_config, register_configs, validate
+from hvdtrain.config import (CONF_DIR, PROGRESS_BAR_VARIABLE, ConfigError, claim_run_dir, load_run_config,
+                             progress_bar_wanted, register_configs, validate)
 from hvdtrain.plan import make_plan
 
 # Overrides that may come with resume=RUN_DIR; anything else would silently not apply.
@@ -73,6 +74,8 @@ def run(cfg, run_dir):
 def _launch_plan(cfg, run_dir):
     hosts = cluster.resolve_hosts(cfg.cluster)
     environment = launcher.worker_environment(cfg.cluster.slots)
+    environment.setdefault(PROGRESS_BAR_VARIABLE, "1" if sys.stderr.isatty() else "0")
+    progress_bar_wanted(environment)  # refuses a bad value of the user's before any worker starts
     program = [sys.executable, "-u", "-m", "hvdtrain.worker", str(run_dir.resolve())]
     command = launcher.mpirun_command(program, hosts, env=environment, extra_args=list(cfg.cluster.mpirun_args))
     return make_plan(cfg, hosts, command), environment

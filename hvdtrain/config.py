@@ -8,6 +8,7 @@ than training, a data root that is not there), naming the key and what is allowe
 
 import hashlib
 import importlib.util
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional
@@ -122,6 +123,22 @@ class RunConfig:
 
 class ConfigError(ValueError):
     """A config value that cannot run; the message names the key and what is allowed."""
+
+
+# mpirun hands the workers' stderr on through a pipe, so a worker cannot tell whether a terminal
+# shows it: the `hvdtrain` command, which can, says so in this variable.
+PROGRESS_BAR_VARIABLE = "HVDTRAIN_PROGRESS_BAR"
+
+
+def progress_bar_wanted(environ):
+    """Whether rank 0 draws a progress bar (HVDTRAIN_PROGRESS_BAR=1) or writes a line a record
+    (0); unset, as in a job started by another launcher, whether stderr is a terminal."""
+    setting = environ.get(PROGRESS_BAR_VARIABLE)
+    if setting is None:
+        return sys.stderr.isatty()
+    if setting not in ("0", "1"):
+        raise ConfigError(f"environment variable {PROGRESS_BAR_VARIABLE} must be 0 or 1, got {setting!r}")
+    return setting == "1"
 
 
 def register_configs():

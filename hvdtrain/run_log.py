@@ -6,6 +6,7 @@ TensorBoard by a restart marker), so the resumed run's history has no duplicates
 """
 
 import json
+import os
 import socket
 import sys
 import time
@@ -15,6 +16,8 @@ from tensorboard.compat.proto.event_pb2 import Event, SessionLog
 from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.summary.writer.record_writer import RecordWriter
 from tqdm import tqdm
+
+from hvdtrain.config import progress_bar_wanted
 
 
 class RunLog:
@@ -27,8 +30,8 @@ class RunLog:
             # TensorBoard drops the interrupted run's events from this step on.
             self.events.add(Event(step=start_step + 1, session_log=SessionLog(status=SessionLog.START)))
         # A bar redrawn with carriage returns garbles a log file (a batch job's, a CI run's):
-        # where stderr is not a terminal every record gets a line of its own instead.
-        self.interactive = sys.stderr.isatty()
+        # where no terminal shows it, every record gets a line of its own instead.
+        self.interactive = progress_bar_wanted(os.environ)
         self.bar = tqdm(total=total_steps, initial=start_step, unit="step", file=sys.stderr,
                         dynamic_ncols=True, mininterval=1.0, disable=not self.interactive)
 

@@ -1,12 +1,14 @@
 """The configuration: every recipe composes and validates; the plan; bad input stops with one
 clear message before anything launches."""
 
+import io
 import json
+import sys
 
 import pytest
 
-from hvdtrain import cluster
-from hvdtrain.config import FRAMEWORKS, RECIPES_DIR, ConfigError, validate
+from hvdtrain import cli, cluster
+from hvdtrain.config import FRAMEWORKS, RECIPES_DIR, ConfigError, progress_bar_wanted, validate
 from hvdtrain.plan import make_plan
 
 from runner.support import compose, run_hvdtrain
@@ -108,6 +110,32 @@ def test_bad_input_gets_one_clear_message_and_launches_nothing(case, tmp_path):
     assert message in result.stderr
     assert "Traceback" not in result.stderr + result.stdout
     assert "starting" not in result.stdout and not (tmp_path / "run").exists()
+
+
+def test_a_bad_progress_bar_setting_gets_a_clear_message_and_launches_nothing(tmp_path):
+    result = run_hvdtrain(f"hydra.run.dir={tmp_path / 'run'}", env={"HVDTRAIN_PROGRESS_BAR": "yes"})
+    assert result.returncode != 0
+    assert "environment variable HVDTRAIN_PROGRESS_BAR must be 0 or 1, got 'yes'" in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    assert "starting" not in result.stdout and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_the_workers_draw_a_progress_bar_only_where_the_command_writes_to_a_terminal(terminal, tmp_path,
+                                                                                      monkeypatch):
+    # mpirun gives the workers a pipe for stderr either way: the command tells them.
+    class Stderr(io.StringIO):
+        def isatty(self):
+            return terminal
+
+    monkeypatch.delenv("HVDTRAIN_PROGRESS_BAR", raising=False)
+    monkeypatch.setattr(sys, "stderr", Stderr())
+    _, environment = cli._launch_plan(compose(), tmp_path)
+    assert environment["HVDTRAIN_PROGRESS_BAR"] == ("1" if terminal else "0")
+    assert progress_bar_wanted(environment) is terminal
+    monkeypatch.setenv("HVDTRAIN_PROGRESS_BAR", "0")  # the user's choice stands
+    _, environment = cli._launch_plan(compose(), tmp_path)
+    assert environment["HVDTRAIN_PROGRESS_BAR"] == "0"
 
 
 def test_validation_lists_every_problem_at_once():

@@ -53,13 +53,21 @@ def test_the_default_recipe_reaches_its_target_on_two_local_ranks(default_run):
 
 def test_a_run_logging_to_a_file_writes_lines_not_a_progress_bar(default_run):
     _, result = default_run  # stderr is a pipe, as in a batch job's log file
-    assert "\r" not in result.stderr
+    assert "step/s" not in result.stderr and "%|" not in result.stderr  # no trace of tqdm's bar
     train_lines = re.findall(r"^step (\d+)  epoch \S+  lr \S+  loss \S+  \d+ samples/s \(\d+ per worker\)$",
                              result.stderr, re.MULTILINE)
     # every train.log_every_steps (5) steps, and at each epoch's end (22 steps an epoch)
     expected = sorted({s for s in range(5, 265, 5)} | {22 * e for e in range(1, 13)})
     assert [int(step) for step in train_lines] == expected
     assert len(re.findall(r"^step \d+  epoch \d+  lr .* val_top1 ", result.stderr, re.MULTILINE)) == 12
+
+
+def test_a_run_asked_for_a_progress_bar_draws_one(tmp_path):
+    result = run_hvdtrain(f"hydra.run.dir={tmp_path / 'run'}", "train.epochs=1",
+                          env={"HVDTRAIN_PROGRESS_BAR": "1"}, timeout=TIMEOUT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "100%|" in result.stderr and "22/22" in result.stderr and "step/s" in result.stderr
+    assert not re.search(r"^step \d+  epoch \S+  lr \S+  loss \S+  \d+ samples/s", result.stderr, re.MULTILINE)
 
 
 def test_a_killed_run_resumes_to_the_same_weights(default_run, tmp_path):
