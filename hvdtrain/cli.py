@@ -7,6 +7,7 @@ that config.yaml and never compose their own.
 """
 
 import json
+import os
 import shlex
 import signal
 import sys
@@ -52,6 +53,7 @@ def run(cfg, run_dir):
         _remove_if_empty(run_dir)
         return
     if cluster.inside_existing_job():
+        progress_bar_wanted(os.environ)  # refuses a bad value on every rank before training starts
         from hvdtrain import worker
 
         worker.train_in_existing_job(cfg, run_dir)

@@ -109,6 +109,19 @@ def test_an_imagefolder_recipe_trains_inside_an_existing_mpirun_job(image_tree, 
     assert "hvdtrain: starting" not in result.stdout  # trained in place, no second launch
     assert result.stdout.count("hvdtrain: recipe resnet50_imagenet") == 1  # rank 0 alone reports
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-000000003.ckpt"]  # 24 // 2 // 4
+    # no hvdtrain command to say whether a terminal shows stderr, and mpirun's pipe is none: lines
+    assert "step/s" not in result.stdout and re.search(r"^step 3  epoch 1  lr ", result.stdout, re.MULTILINE)
+
+
+def test_a_bad_progress_bar_setting_inside_an_existing_mpirun_job_stops_it_cleanly(tmp_path):
+    environment = {**launcher.worker_environment(2), "HVDTRAIN_PROGRESS_BAR": "maybe"}
+    program = [sys.executable, "-m", "hvdtrain.cli", f"hydra.run.dir={tmp_path / 'run'}"]
+    result = launcher.run(launcher.mpirun_command(program, num_proc=2, env=environment), env=environment,
+                          timeout=TIMEOUT, capture=True)
+    assert result.returncode != 0
+    # mpirun may stop the second rank before it says the same
+    assert "hvdtrain: environment variable HVDTRAIN_PROGRESS_BAR must be 0 or 1, got 'maybe'" in result.stdout
+    assert "Traceback" not in result.stdout and not (tmp_path / "run").exists()
 
 
 def test_a_failing_worker_ends_the_job_with_its_error(image_tree, tmp_path):
