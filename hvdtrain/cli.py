@@ -48,12 +48,12 @@ def run(cfg, run_dir):
     if cfg.resume:
         cfg = _saved_config(Path(cfg.resume), dry_run=cfg.dry_run)
     validate(cfg)
+    progress_bar_wanted(os.environ)  # refuses a bad value of the user's before anything launches
     if cfg.dry_run:
         print(json.dumps(_launch_plan(cfg, run_dir)[0].as_json()))
         _remove_if_empty(run_dir)
         return
     if cluster.inside_existing_job():
-        progress_bar_wanted(os.environ)  # refuses a bad value on every rank before training starts
         from hvdtrain import worker
 
         worker.train_in_existing_job(cfg, run_dir)
@@ -77,7 +77,6 @@ def _launch_plan(cfg, run_dir):
     hosts = cluster.resolve_hosts(cfg.cluster)
     environment = launcher.worker_environment(cfg.cluster.slots)
     environment.setdefault(PROGRESS_BAR_VARIABLE, "1" if sys.stderr.isatty() else "0")
-    progress_bar_wanted(environment)  # refuses a bad value of the user's before any worker starts
     program = [sys.executable, "-u", "-m", "hvdtrain.worker", str(run_dir.resolve())]
     command = launcher.mpirun_command(program, hosts, env=environment, extra_args=list(cfg.cluster.mpirun_args))
     return make_plan(cfg, hosts, command), environment
