@@ -18,7 +18,9 @@ import threading
 
 import numpy as np
 
+from . import process_sets as _process_sets
 from .exceptions import HorovodInternalError, HostsUpdatedInterrupt, TensorMismatchError
+from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from .requests import ALLREDUCE, Handle, Kind, ReduceOp
 from .settings import Settings, from_environment
 
@@ -28,19 +30,27 @@ __all__ = [
     "grouped_allreduce_async", "allgather_async", "broadcast_async", "alltoall_async",
     "reducescatter_async", "barrier", "join", "broadcast_object", "allgather_object", "start_timeline",
     "stop_timeline", "ReduceOp", "Handle", "HorovodInternalError", "TensorMismatchError",
-    "HostsUpdatedInterrupt", "Settings",
+    "HostsUpdatedInterrupt", "Settings", "ProcessSet", "global_process_set", "add_process_set",
+    "remove_process_set",
 ]
 
 _engine = None
 _init_lock = threading.Lock()
 _atexit_registered = False
-_unnamed_object_calls = {}  # per kind, since this engine started: names the n-th unnamed call
+_unnamed_object_calls = {}  # per (kind, process set), since this engine started: names the n-th unnamed call
 
 
-def init(comm=None):
+def init(comm=None, process_sets=None):
     """Start the engine on `comm` (an mpi4py communicator; MPI.COMM_WORLD by default).
+    `process_sets`: ProcessSets to register on every rank, or "dynamic" to allow
+    add_process_set() later (as HOROVOD_DYNAMIC_PROCESS_SETS=1 does).
     Calling it again while initialized does nothing."""
     global _engine, _atexit_registered
+    dynamic = process_sets == "dynamic"
+    if process_sets is None or dynamic:
+        process_sets = []
+    elif isinstance(process_sets, ProcessSet) or not all(isinstance(p, ProcessSet) for p in process_sets):
+        raise ValueError(f"init(process_sets=...) takes a list of ProcessSet objects or 'dynamic', got {process_sets!r}")
     with _init_lock:
         if _engine is not None and _engine.alive:
             return
@@ -58,8 +68,10 @@ def init(comm=None):
             )
         from .engine import Engine
 
-        _engine = Engine(MPI.COMM_WORLD if comm is None else comm, settings)
+        comm = MPI.COMM_WORLD if comm is None else comm
+        _engine = Engine(comm, settings)
         _unnamed_object_calls.clear()
+        _process_sets.start(comm, settings, _engine, process_sets, dynamic or settings.dynamic_process_sets)
         if not _atexit_registered:
             atexit.register(shutdown)
             _atexit_registered = True
@@ -78,6 +90,7 @@ def shutdown():
     global _engine
     with _init_lock:
         engine, _engine = _engine, None
+    _process_sets.stop()
     if engine is not None:
         engine.shutdown()
 
@@ -86,10 +99,13 @@ def is_initialized():
     return _engine is not None and _engine.alive
 
 
-def running_engine():
+def running_engine(process_set=None):
+    """The engine of `process_set` (None: the global set, all ranks)."""
     if _engine is None:
         raise ValueError("Horovod has not been initialized; use hvd.init().")
-    return _engine
+    if process_set is None or process_set is global_process_set:
+        return _engine
+    return _process_sets.engine_of(process_set)
 
 
 def topology():
@@ -134,37 +150,38 @@ def mpi_threads_supported():
 
 
 def allreduce_async(array, name=None, op=ReduceOp.AVERAGE, prescale_factor=1.0, postscale_factor=1.0,
-                    output=None, bucket=None) -> Handle:
+                    output=None, bucket=None, process_set=None) -> Handle:
     """Reduce `array` across ranks into `output` (default: into `array` itself).
 
     `bucket=(bucket_name, flat_array)` says that `array` is a view of `flat_array`, which holds
     other tensors too (a model's gradients, say) laid out alike on every rank; tensors that lie
     next to each other in a bucket are reduced as one region, without copies."""
-    return running_engine().submit(ALLREDUCE, array, name=name, output=output, op=op,
+    return running_engine(process_set).submit(ALLREDUCE, array, name=name, output=output, op=op,
                                    prescale=prescale_factor, postscale=postscale_factor, bucket=bucket)
 
 
 def grouped_allreduce_async(arrays, name=None, op=ReduceOp.AVERAGE, prescale_factor=1.0,
-                            postscale_factor=1.0, outputs=None):
+                            postscale_factor=1.0, outputs=None, process_set=None):
     """Reduce a list of arrays as one group: negotiated together and fused where possible."""
-    return running_engine().submit_group(Kind.ALLREDUCE, arrays, name=name, outputs=outputs, op=op,
+    return running_engine(process_set).submit_group(Kind.ALLREDUCE, arrays, name=name, outputs=outputs, op=op,
                                  prescale=prescale_factor, postscale=postscale_factor)
 
 
-def allgather_async(array, name=None) -> Handle:
+def allgather_async(array, name=None, process_set=None) -> Handle:
     """Concatenate every rank's `array` along the first dimension, which may differ per rank."""
-    return running_engine().submit(Kind.ALLGATHER, array, name=name)
+    return running_engine(process_set).submit(Kind.ALLGATHER, array, name=name)
 
 
-def broadcast_async(array, root_rank, name=None, output=None) -> Handle:
+def broadcast_async(array, root_rank, name=None, output=None, process_set=None) -> Handle:
     """Copy `root_rank`'s `array` into `output` (default: `array` itself) on every rank."""
-    return running_engine().submit(Kind.BROADCAST, array, name=name, output=output, root=root_rank)
+    return running_engine(process_set).submit(Kind.BROADCAST, array, name=name, output=output, root=root_rank)
 
 
-def alltoall_async(array, splits=None, name=None) -> Handle:
-    """Send `splits[i]` rows of `array` to rank i, in order; the handle gives
-    (received rows, received splits). Without splits, rows are divided evenly."""
-    n = size()
+def alltoall_async(array, splits=None, name=None, process_set=None) -> Handle:
+    """Send `splits[i]` rows of `array` to the i-th rank (of the process set), in order; the
+    handle gives (received rows, received splits). Without splits, rows are divided evenly."""
+    engine = running_engine(process_set)
+    n = engine.size
     if splits is None:
         if array.ndim == 0 or array.shape[0] % n:
             raise ValueError(
@@ -172,22 +189,22 @@ def alltoall_async(array, splits=None, name=None) -> Handle:
                 f"must be divisible by the number of ranks ({n})"
             )
         splits = [array.shape[0] // n] * n
-    return running_engine().submit(Kind.ALLTOALL, array, name=name, splits=splits)
+    return engine.submit(Kind.ALLTOALL, array, name=name, splits=splits)
 
 
 def reducescatter_async(array, name=None, op=ReduceOp.AVERAGE, prescale_factor=1.0,
-                        postscale_factor=1.0) -> Handle:
+                        postscale_factor=1.0, process_set=None) -> Handle:
     """Reduce `array` across ranks and give each rank its share of the first dimension
     (the first `dim % size` ranks get one extra row)."""
     if ReduceOp(op) not in (ReduceOp.SUM, ReduceOp.AVERAGE, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT):
         raise ValueError(f"reducescatter: unsupported op {op!r}")
-    return running_engine().submit(Kind.REDUCESCATTER, array, name=name, op=op, prescale=prescale_factor,
-                           postscale=postscale_factor)
+    return running_engine(process_set).submit(Kind.REDUCESCATTER, array, name=name, op=op,
+                                              prescale=prescale_factor, postscale=postscale_factor)
 
 
-def barrier():
-    """Return once every rank has called barrier()."""
-    running_engine().submit(Kind.BARRIER).wait()
+def barrier(process_set=None):
+    """Return once every rank (of the process set) has called barrier()."""
+    running_engine(process_set).submit(Kind.BARRIER).wait()
 
 
 def join():
@@ -221,9 +238,11 @@ def _dumps(obj):
     return np.frombuffer(cloudpickle.dumps(obj), np.uint8).copy()  # writable: MPI sends from it
 
 
-def _next_object_name(kind):
-    count = _unnamed_object_calls.get(kind, 0)
-    _unnamed_object_calls[kind] = count + 1
+def _next_object_name(kind, process_set):
+    # Counted per set: ranks outside a set do not make its calls.
+    key = (kind, 0 if process_set is None else process_set.process_set_id)
+    count = _unnamed_object_calls.get(key, 0)
+    _unnamed_object_calls[key] = count + 1
     return f"{kind}.{count}"
 
 
@@ -233,26 +252,26 @@ def _loads(payload):
     return cloudpickle.loads(payload.tobytes())
 
 
-def broadcast_object(obj, root_rank=0, name=None):
+def broadcast_object(obj, root_rank=0, name=None, process_set=None):
     """Pickle `obj` on `root_rank` and return a copy of it on every rank. Without a `name`, the
     n-th unnamed call is matched with the n-th on every rank: the name cannot come from `obj`,
     which non-root ranks often pass as None."""
-    name = _next_object_name("broadcast_object") if name is None else name
+    name = _next_object_name("broadcast_object", process_set) if name is None else name
     is_root = rank() == root_rank
     payload = _dumps(obj) if is_root else None
     length = np.array([payload.size if is_root else 0], np.int64)
-    broadcast_async(length, root_rank, name=f"{name}.sz").wait()
+    broadcast_async(length, root_rank, name=f"{name}.sz", process_set=process_set).wait()
     if not is_root:
         payload = np.empty(int(length[0]), np.uint8)
-    broadcast_async(payload, root_rank, name=f"{name}.t").wait()
+    broadcast_async(payload, root_rank, name=f"{name}.t", process_set=process_set).wait()
     return obj if is_root else _loads(payload)
 
 
-def allgather_object(obj, name=None):
+def allgather_object(obj, name=None, process_set=None):
     """Return the list of every rank's `obj`, in rank order (unnamed calls match as in broadcast_object)."""
-    name = _next_object_name("allgather_object") if name is None else name
+    name = _next_object_name("allgather_object", process_set) if name is None else name
     payload = _dumps(obj)
-    lengths = allgather_async(np.array([payload.size], np.int64), name=f"{name}.sz").wait()
-    gathered = allgather_async(payload, name=f"{name}.t").wait()
+    lengths = allgather_async(np.array([payload.size], np.int64), name=f"{name}.sz", process_set=process_set).wait()
+    gathered = allgather_async(payload, name=f"{name}.t", process_set=process_set).wait()
     bounds = np.concatenate(([0], np.cumsum(lengths)))
     return [_loads(gathered[bounds[i]:bounds[i + 1]]) for i in range(len(lengths))]

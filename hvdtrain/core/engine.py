@@ -52,13 +52,19 @@ def _set_bits(bits):
 
 
 class Engine:
-    def __init__(self, comm, settings):
+    def __init__(self, comm, settings, members=None):
+        """`members`: the job's rank of each rank of `comm`, where `comm` holds a process set
+        (process_sets.py). Errors and a broadcast's root name ranks that way."""
         self.settings = settings
         self.topology, self._world, self._local, self._cross = discover(comm)
         self.rank, self.size = self.topology.rank, self.topology.size
+        self._is_world = members is None
+        self.members = tuple(range(self.size)) if members is None else members
+        self._position = {job_rank: rank for rank, job_rank in enumerate(self.members)}
+        self._job_rank = self.members[self.rank]
         self._backends = {"cpu": MpiBackend(self._world, settings)}
         self._cache = ResponseCache(settings.cache_capacity)
-        self._coordinator = Coordinator(self.size, settings) if self.rank == 0 else None
+        self._coordinator = Coordinator(self.members, settings) if self.rank == 0 else None
         self._timeline = None
         if settings.timeline_path:
             self.start_timeline(settings.timeline_path, settings.timeline_mark_cycles)
@@ -166,10 +172,10 @@ class Engine:
                     request = entry.request
                     if request.kind is JOIN:
                         if self._join_entry is not None or any(e.request.kind is JOIN for e in self._submitted):
-                            raise ValueError(f"rank {self.rank} called join() while its previous join() is in flight")
+                            raise ValueError(f"rank {self._job_rank} called join() while its previous join() is in flight")
                     elif request.name in in_flight:
                         raise ValueError(
-                            f"a collective named '{request.name}' is already in flight on rank {self.rank}; "
+                            f"a collective named '{request.name}' is already in flight on rank {self._job_rank}; "
                             "names of operations in flight must be unique"
                         )
                     else:
@@ -223,8 +229,9 @@ class Engine:
                     f"collective '{name}': prescale_factor and postscale_factor must be finite, "
                     f"got {prescale} and {postscale}"
                 )
-        if kind == Kind.BROADCAST and not 0 <= root < self.size:
-            raise ValueError(f"broadcast '{name}': root_rank {root} is not a rank of this job (size {self.size})")
+        if kind == Kind.BROADCAST and root not in self._position:
+            where = f"this job (size {self.size})" if self._is_world else f"process set {list(self.members)}"
+            raise ValueError(f"broadcast '{name}': root_rank {root} is not a rank of {where}")
         if kind in (Kind.ALLGATHER, Kind.ALLTOALL, Kind.REDUCESCATTER) and array.ndim == 0:
             raise ValueError(f"{kind.value} '{name}': the tensor needs at least one dimension")
         if kind == Kind.ALLTOALL:
@@ -315,7 +322,7 @@ class Engine:
                             time.sleep(remaining)
                 self._wake.clear()
         except Exception as exc:  # a bug or a transport failure: never leave peers hanging
-            message = f"hvdtrain engine failed on rank {self.rank}: {exc!r}"
+            message = f"hvdtrain engine failed on rank {self._job_rank}: {exc!r}"
             self._stop(message)
             print(f"{message}\n{traceback.format_exc()}", file=sys.stderr, flush=True)
             if self.size > 1:
@@ -489,7 +496,7 @@ class Engine:
     def _local_entry(self, response):
         entry = self._pending.get(response.name)
         if entry is None and self._join_entry is None:
-            raise HorovodInternalError(f"rank {self.rank} was asked to run '{response.name}', which it never submitted")
+            raise HorovodInternalError(f"rank {self._job_rank} was asked to run '{response.name}', which it never submitted")
         return entry
 
     def _run_allreduces(self, batch, ready_at):
@@ -545,7 +552,7 @@ class Engine:
         if request.kind == Kind.ALLGATHER:
             result = backend.allgather(entry.array, response.first_dims)
         elif request.kind == Kind.BROADCAST:
-            backend.broadcast(entry.array, entry.output, request.root)
+            backend.broadcast(entry.array, entry.output, self._position[request.root])
             result = entry.output
         elif request.kind == Kind.ALLTOALL:
             result = backend.alltoall(entry.array, entry.splits)

@@ -7,8 +7,11 @@ import warnings
 from . import (
     HorovodInternalError,
     HostsUpdatedInterrupt,
+    ProcessSet,
+    add_process_set,
     cross_rank,
     cross_size,
+    global_process_set,
     init,
     is_homogeneous,
     is_initialized,
@@ -16,6 +19,7 @@ from . import (
     local_size,
     mpi_threads_supported,
     rank,
+    remove_process_set,
     shutdown,
     size,
     start_timeline,
@@ -29,6 +33,7 @@ __all__ = [
     "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank", "cross_size", "cross_rank",
     "is_homogeneous", "mpi_threads_supported", "start_timeline", "stop_timeline", "mpi_built", "mpi_enabled",
     "nccl_built", "gloo_built", "gloo_enabled", "ddl_built", "ccl_built", "cuda_built", "rocm_built",
+    "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
 ]
 
 Average = ReduceOp.AVERAGE

@@ -149,8 +149,10 @@ class RoundResult:
 class Coordinator:
     """Rank 0's bookkeeping: which ranks submitted which names, who joined, what stalls."""
 
-    def __init__(self, size, settings):
-        self.size = size
+    def __init__(self, ranks, settings):
+        """`ranks`: how messages name the ranks, by their position in the communicator."""
+        self.ranks = ranks
+        self.size = len(ranks)
         self.settings = settings
         self._table: "collections.OrderedDict[str, _Waiting]" = collections.OrderedDict()
         self._joined: List[int] = []
@@ -168,7 +170,7 @@ class Coordinator:
         rank sends; `is_cached(name)` tells whether a name is in the (identical) caches."""
         now = time.monotonic()
         evictions = []
-        for rank, submitted in enumerate(gathered):
+        for rank, submitted in zip(self.ranks, gathered):
             for request, age in submitted:
                 if request.kind == Kind.JOIN:
                     if rank not in self._joined:
@@ -215,7 +217,7 @@ class Coordinator:
             return Response(name, request.kind, request, error=message, error_field="join")
         first_dims = None
         if request.kind == Kind.ALLGATHER:
-            first_dims = tuple(requests_by_rank[r].shape[0] for r in range(self.size))
+            first_dims = tuple(requests_by_rank[r].shape[0] for r in self.ranks)
         return Response(name, request.kind, request, first_dims=first_dims)
 
     def _inspect_stalls(self, now, evictions):
@@ -235,7 +237,7 @@ class Coordinator:
             return None
         missing_by_rank = collections.defaultdict(list)
         for name, waiting in stalled:
-            for rank in range(self.size):
+            for rank in self.ranks:
                 if rank not in waiting.requests and rank not in self._joined:
                     missing_by_rank[rank].append(name)
         longest = max(now - w.first_seen for _, w in stalled)

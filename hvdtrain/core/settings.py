@@ -34,6 +34,7 @@ class Settings:
     # Tensors at least this large are reduced where they lie, without a copy into the
     # fusion buffer; smaller ones are packed together.
     pack_below_bytes: int = 64 * 1024
+    dynamic_process_sets: bool = False
 
 
 def _number(env, name, default, cast):
@@ -77,4 +78,5 @@ def from_environment(env=None) -> Settings:
         log_level=_LOG_LEVELS[level_name],
         chunk_bytes=chunk_bytes,
         pack_below_bytes=_number(env, "HVDTRAIN_PACK_BELOW_BYTES", Settings.pack_below_bytes, int),
+        dynamic_process_sets=_flag(env, "HOROVOD_DYNAMIC_PROCESS_SETS"),
     )

@@ -14,6 +14,7 @@ from typing import List, Optional
 
 import tensorflow as tf
 
+from hvdtrain.core import global_process_set
 from hvdtrain.tensorflow.collectives import Average, Sum
 from hvdtrain.tensorflow.compression import Compression
 from hvdtrain.tensorflow.gradients import GradientReduction, gradient_reduction
@@ -21,9 +22,10 @@ from hvdtrain.tensorflow.gradients import GradientReduction, gradient_reduction
 
 def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="", compression=Compression.none,
                          sparse_as_dense=False, gradient_predivide_factor=1.0, op=Average, backward_passes_per_step=1,
-                         average_aggregated_gradients=False, num_groups=0, groups=None):
+                         average_aggregated_gradients=False, num_groups=0, groups=None,
+                         process_set=global_process_set):
     """An optimizer like `optimizer` (a new instance from its config) that averages (or sums,
-    `op=Sum`) gradients over ranks before applying them. `device_dense`/`device_sparse` are
+    `op=Sum`) gradients over ranks (of `process_set`) before applying them. `device_dense`/`device_sparse` are
     accepted for Horovod's signature."""
     if not (hasattr(optimizer, "get_config") and hasattr(type(optimizer), "from_config")):
         raise TypeError(f"DistributedOptimizer expects a Keras optimizer, got {type(optimizer).__name__}")
@@ -34,7 +36,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     base = type(optimizer)
     settings = _Settings(
         gradient_reduction(name or f"Distributed{base.__name__}", compression, sparse_as_dense, op,
-                           gradient_predivide_factor, num_groups, groups),
+                           gradient_predivide_factor, num_groups, groups, process_set),
         backward_passes_per_step, average_aggregated_gradients)
     updates = _Keras3Updates if _is_keras3(base) else _Keras2Updates
     distributed_class = type(base.__name__, (updates, base), {"__module__": base.__module__, "_hvdtrain": settings})

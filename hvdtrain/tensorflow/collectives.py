@@ -25,6 +25,8 @@ import numpy as np
 import tensorflow as tf
 
 from hvdtrain import core
+from hvdtrain.core import global_process_set
+from hvdtrain.core.process_sets import process_set_by_id
 from hvdtrain.core.horovod_api import Adasum, Average, Sum, handle_average_backwards_compatibility
 
 from .compression import Compression
@@ -107,7 +109,7 @@ def _ragged_shape(tensor):
 # ----------------------------------------------------------------------------- the collectives
 
 
-def _reduce(tensors, name, op, prescale, postscale):
+def _reduce(tensors, name, op, prescale, postscale, process_set):
     """Allreduce `tensors` in one crossing: one tensor under `name`, several as one group
     (negotiated and fused together). Differentiable as in Horovod: the gradient is the same
     reduction of the incoming gradients."""
@@ -116,7 +118,7 @@ def _reduce(tensors, name, op, prescale, postscale):
     def reduce(*inputs):
         def run(arrays):
             outputs = [_aligned_empty_like(a) for a in arrays]
-            options = dict(op=op, prescale_factor=prescale, postscale_factor=postscale)
+            options = dict(op=op, prescale_factor=prescale, postscale_factor=postscale, process_set=process_set)
             if len(arrays) == 1:
                 return [core.allreduce_async(arrays[0], name=name, output=outputs[0], **options).wait()]
             return _wait_all(core.grouped_allreduce_async(arrays, name=name, outputs=outputs, **options))
@@ -125,14 +127,15 @@ def _reduce(tensors, name, op, prescale, postscale):
         _with_static_shapes(results, [t.shape for t in inputs])
 
         def grad(*upstream):
-            return _reduce(_zeros_for_none(upstream, results), _suffixed(name, ".grad"), op, prescale, postscale)
+            return _reduce(_zeros_for_none(upstream, results), _suffixed(name, ".grad"), op, prescale, postscale,
+                           process_set)
 
         return results, grad
 
     return reduce(*tensors)
 
 
-def _gather(tensors, name):
+def _gather(tensors, name, process_set):
     """Allgather each tensor along its first dimension, which may differ between ranks.
     Gradient (Horovod's): the incoming gradient averaged over ranks, of which each rank
     keeps the rows it contributed."""
@@ -142,24 +145,26 @@ def _gather(tensors, name):
         names = _member_names(name, len(inputs))
 
         def run(arrays):
-            return _wait_all([core.allgather_async(a, name=n) for a, n in zip(arrays, names)])
+            return _wait_all([core.allgather_async(a, name=n, process_set=process_set) for a, n in zip(arrays, names)])
 
         results = _run_on_core(run, inputs, [t.dtype for t in inputs], "Allgather")
         _with_static_shapes(results, [_ragged_shape(t) for t in inputs])
 
         def grad(*upstream):
-            reduced = _reduce(_zeros_for_none(upstream, results), _suffixed(name, ".grad"), Average, 1.0, 1.0)
+            reduced = _reduce(_zeros_for_none(upstream, results), _suffixed(name, ".grad"), Average, 1.0, 1.0,
+                              process_set)
             rows = [tf.shape(t, out_type=tf.int64)[:1] for t in inputs]
-            rows_by_rank = _gather(rows, _suffixed(name, ".grad_rows"))
-            rank = core.rank()
-            return [g[tf.reduce_sum(counts[:rank]):][:own[0]] for g, counts, own in zip(reduced, rows_by_rank, rows)]
+            rows_by_rank = _gather(rows, _suffixed(name, ".grad_rows"), process_set)
+            position = process_set.rank()
+            return [g[tf.reduce_sum(counts[:position]):][:own[0]]
+                    for g, counts, own in zip(reduced, rows_by_rank, rows)]
 
         return results, grad
 
     return gather(*tensors)
 
 
-def _broadcast(tensors, root_rank, name):
+def _broadcast(tensors, root_rank, name, process_set):
     """Every rank receives root_rank's tensors. Gradient (Horovod's): the incoming gradient
     averaged over ranks on the root, zero elsewhere."""
 
@@ -169,14 +174,15 @@ def _broadcast(tensors, root_rank, name):
 
         def run(arrays):
             outputs = [_aligned_empty_like(a) for a in arrays]
-            return _wait_all([core.broadcast_async(a, root_rank, name=n, output=o)
+            return _wait_all([core.broadcast_async(a, root_rank, name=n, output=o, process_set=process_set)
                               for a, n, o in zip(arrays, names, outputs)])
 
         results = _run_on_core(run, inputs, [t.dtype for t in inputs], "Broadcast")
         _with_static_shapes(results, [t.shape for t in inputs])
 
         def grad(*upstream):
-            reduced = _reduce(_zeros_for_none(upstream, results), _suffixed(name, ".grad"), Average, 1.0, 1.0)
+            reduced = _reduce(_zeros_for_none(upstream, results), _suffixed(name, ".grad"), Average, 1.0, 1.0,
+                              process_set)
             return reduced if core.rank() == root_rank else [tf.zeros_like(g) for g in reduced]
 
         return results, grad
@@ -184,7 +190,7 @@ def _broadcast(tensors, root_rank, name):
     return broadcast(*tensors)
 
 
-def _alltoall(tensor, splits, name):
+def _alltoall(tensor, splits, name, process_set):
     """Send splits[i] rows to rank i; returns the rows received and how many came from each
     rank (an empty `splits` divides the rows evenly). Gradient: the reverse exchange."""
 
@@ -193,22 +199,22 @@ def _alltoall(tensor, splits, name):
         def run(arrays):
             array, split_array = arrays
             received, received_splits = core.alltoall_async(
-                array, splits=split_array if split_array.size else None, name=name).wait()
+                array, splits=split_array if split_array.size else None, name=name, process_set=process_set).wait()
             return [received, received_splits.astype(np.int32)]
 
         received, received_splits = _run_on_core(run, [rows, row_splits], [rows.dtype, tf.int32], "Alltoall")
-        _with_static_shapes([received, received_splits], [_ragged_shape(rows), [core.size()]])
+        _with_static_shapes([received, received_splits], [_ragged_shape(rows), [process_set.size()]])
 
         def grad(upstream_rows, upstream_splits):
             upstream_rows = _zeros_for_none([upstream_rows], [received])[0]
-            return _alltoall(upstream_rows, received_splits, _suffixed(name, ".grad"))[0], None
+            return _alltoall(upstream_rows, received_splits, _suffixed(name, ".grad"), process_set)[0], None
 
         return (received, received_splits), grad
 
     return exchange(tensor, splits)
 
 
-def _reducescatter(tensors, name, op, prescale, postscale):
+def _reducescatter(tensors, name, op, prescale, postscale, process_set):
     """Reduce each tensor and give every rank its share of the first dimension. Gradient
     (Horovod's): allgather of the incoming gradients, scaled by the size for Sum."""
 
@@ -218,7 +224,7 @@ def _reducescatter(tensors, name, op, prescale, postscale):
 
         def run(arrays):
             return _wait_all([core.reducescatter_async(a, name=n, op=op, prescale_factor=prescale,
-                                                       postscale_factor=postscale)
+                                                       postscale_factor=postscale, process_set=process_set)
                               for a, n in zip(arrays, names)])
 
         results = _run_on_core(run, inputs, [t.dtype for t in inputs], "Reducescatter")
@@ -227,8 +233,8 @@ def _reducescatter(tensors, name, op, prescale, postscale):
         def grad(*upstream):
             upstream = _zeros_for_none(upstream, results)
             if op == Sum:
-                upstream = [g * tf.cast(core.size(), g.dtype) for g in upstream]
-            return _gather(upstream, _suffixed(name, ".grad"))
+                upstream = [g * tf.cast(process_set.size(), g.dtype) for g in upstream]
+            return _gather(upstream, _suffixed(name, ".grad"), process_set)
 
         return results, grad
 
@@ -243,15 +249,18 @@ def _zeros_for_none(upstream, results):
 
 
 def allreduce(tensor, average=None, device_dense="", device_sparse="", compression=Compression.none, op=None,
-              prescale_factor=1.0, postscale_factor=1.0, name=None, ignore_name_scope=False):
-    """Reduce a tf.Tensor, tf.Variable or tf.IndexedSlices over all ranks (default: average).
-    IndexedSlices are allgathered instead, which represents their sum."""
+              prescale_factor=1.0, postscale_factor=1.0, name=None, process_set=global_process_set,
+              ignore_name_scope=False):
+    """Reduce a tf.Tensor, tf.Variable or tf.IndexedSlices over the ranks (of `process_set`;
+    default: average). IndexedSlices are allgathered instead, which represents their sum."""
     return grouped_allreduce([tensor], average, device_dense, device_sparse, compression, op, prescale_factor,
-                             postscale_factor, name=name, ignore_name_scope=ignore_name_scope)[0]
+                             postscale_factor, name=name, process_set=process_set,
+                             ignore_name_scope=ignore_name_scope)[0]
 
 
 def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", compression=Compression.none,
-                      op=None, prescale_factor=1.0, postscale_factor=1.0, name=None, ignore_name_scope=False):
+                      op=None, prescale_factor=1.0, postscale_factor=1.0, name=None, process_set=global_process_set,
+                      ignore_name_scope=False):
     """Reduce a list of tensors as one group: negotiated together and fused where possible."""
     if not tensors:
         return tensors
@@ -264,20 +273,20 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", 
     if sparse:
         with tf.device(device_sparse):
             reduced = _allreduce_slices([tensors[i] for i in sparse], op, prescale_factor, postscale_factor,
-                                        _suffixed(name, ".slices"), ignore_name_scope)
+                                        _suffixed(name, ".slices"), ignore_name_scope, process_set)
         for i, slices in zip(sparse, reduced):
             results[i] = slices
     if dense:
         with tf.device(device_dense):
             compressed, contexts = zip(*[compression.compress(tf.convert_to_tensor(tensors[i])) for i in dense])
             reduced = _reduce(list(compressed), _collective_name("Allreduce", compressed, name, ignore_name_scope),
-                              op, prescale_factor, postscale_factor)
+                              op, prescale_factor, postscale_factor, process_set)
             for i, tensor, context in zip(dense, reduced, contexts):
                 results[i] = compression.decompress(tensor, context)
     return results
 
 
-def _allreduce_slices(slices, op, prescale_factor, postscale_factor, name, ignore_name_scope):
+def _allreduce_slices(slices, op, prescale_factor, postscale_factor, name, ignore_name_scope, process_set):
     """Horovod reduces IndexedSlices by allgathering their values and indices; the
     concatenation represents the sum, and dividing the values by the size the average."""
     if op not in (Sum, Average):
@@ -285,78 +294,81 @@ def _allreduce_slices(slices, op, prescale_factor, postscale_factor, name, ignor
     if prescale_factor != 1.0 or postscale_factor != 1.0:
         raise NotImplementedError("Pre/postscale_factor are not supported with tf.IndexedSlices")
     parts = [s.values for s in slices] + [s.indices for s in slices]
-    gathered = _gather(parts, _collective_name("Allgather", parts, name, ignore_name_scope))
+    gathered = _gather(parts, _collective_name("Allgather", parts, name, ignore_name_scope), process_set)
     values, indices = gathered[:len(slices)], gathered[len(slices):]
     if op == Average:
-        values = [v / tf.cast(core.size(), v.dtype) for v in values]
+        values = [v / tf.cast(process_set.size(), v.dtype) for v in values]
     return [tf.IndexedSlices(v, i, dense_shape=s.dense_shape) for v, i, s in zip(values, indices, slices)]
 
 
-def allgather(tensor, name=None, ignore_name_scope=False):
+def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):
     """Concatenate every rank's tensor along the first dimension (which may differ per rank)."""
     tensor = tf.convert_to_tensor(tensor)
-    return _gather([tensor], _collective_name("Allgather", [tensor], name, ignore_name_scope))[0]
+    return _gather([tensor], _collective_name("Allgather", [tensor], name, ignore_name_scope), process_set)[0]
 
 
-def grouped_allgather(tensors, name=None, ignore_name_scope=False):
+def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=global_process_set):
     if not tensors:
         return tensors
     tensors = [tf.convert_to_tensor(t) for t in tensors]
-    return _gather(tensors, _collective_name("GroupedAllgather", tensors, name, ignore_name_scope))
+    return _gather(tensors, _collective_name("GroupedAllgather", tensors, name, ignore_name_scope), process_set)
 
 
-def broadcast(tensor, root_rank, name=None, ignore_name_scope=False):
-    """root_rank's tensor, on every rank."""
+def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set=global_process_set):
+    """root_rank's tensor, on every rank (of `process_set`; `root_rank` numbered as hvd.rank())."""
     tensor = tf.convert_to_tensor(tensor)
-    return _broadcast([tensor], root_rank, _collective_name("Broadcast", [tensor], name, ignore_name_scope))[0]
+    return _broadcast([tensor], root_rank, _collective_name("Broadcast", [tensor], name, ignore_name_scope),
+                      process_set)[0]
 
 
-def broadcast_(variables, root_rank, name=None):
+def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
     """Assign root_rank's values to `variables` on every rank, all in one crossing; returns
     the new values."""
     variables = list(variables)
     if not variables:
         return []
     values = [tf.convert_to_tensor(v) for v in variables]
-    received = _broadcast(values, root_rank, _collective_name("Broadcast", values, name, True))
+    received = _broadcast(values, root_rank, _collective_name("Broadcast", values, name, True), process_set)
     for variable, value in zip(variables, received):
         variable.assign(value)
     return received
 
 
-def broadcast_variables(variables, root_rank, inplace=False):
+def broadcast_variables(variables, root_rank, process_set=global_process_set, inplace=False):
     """Assign root_rank's values to `variables` on every rank. `inplace` is accepted for
     Horovod's signature: the values are always assigned into the variables."""
-    broadcast_(variables, root_rank)
+    broadcast_(variables, root_rank, process_set=process_set)
 
 
-def alltoall(tensor, splits=None, name=None, ignore_name_scope=False):
-    """Send `splits[i]` rows of `tensor` to rank i (default: an even split). Returns the rows
-    received, and with `splits` given also how many rows came from each rank."""
+def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_set=global_process_set):
+    """Send `splits[i]` rows of `tensor` to the i-th rank (of `process_set`; default: an even
+    split). Returns the rows received, and with `splits` given also how many rows came from each."""
     tensor = tf.convert_to_tensor(tensor)
     split_tensor = tf.zeros([0], tf.int32) if splits is None else tf.cast(splits, tf.int32)
     received, received_splits = _alltoall(tensor, split_tensor,
-                                          _collective_name("Alltoall", [tensor], name, ignore_name_scope))
+                                          _collective_name("Alltoall", [tensor], name, ignore_name_scope),
+                                          process_set)
     return received if splits is None else (received, received_splits)
 
 
 def reducescatter(tensor, device_dense="", compression=Compression.none, op=Average, name=None,
-                  ignore_name_scope=False, prescale_factor=1.0, postscale_factor=1.0):
-    """Reduce `tensor` over all ranks and give each rank its share of the first dimension
-    (the first `dim % size` ranks get one more row)."""
+                  process_set=global_process_set, ignore_name_scope=False, prescale_factor=1.0,
+                  postscale_factor=1.0):
+    """Reduce `tensor` over the ranks (of `process_set`) and give each its share of the first
+    dimension (the first `dim % size` ranks get one more row)."""
     return grouped_reducescatter([tensor], device_dense, compression, op, prescale_factor, postscale_factor,
-                                 name=name, ignore_name_scope=ignore_name_scope)[0]
+                                 name=name, process_set=process_set, ignore_name_scope=ignore_name_scope)[0]
 
 
 def grouped_reducescatter(tensors, device_dense="", compression=Compression.none, op=Average, prescale_factor=1.0,
-                          postscale_factor=1.0, name=None, ignore_name_scope=False):
+                          postscale_factor=1.0, name=None, process_set=global_process_set, ignore_name_scope=False):
     if not tensors:
         return tensors
     with tf.device(device_dense):
         compressed, contexts = zip(*[compression.compress(tf.convert_to_tensor(t)) for t in tensors])
         reduced = _reducescatter(list(compressed), _collective_name("Reducescatter", compressed, name,
                                                                     ignore_name_scope),
-                                 op, prescale_factor, postscale_factor)
+                                 op, prescale_factor, postscale_factor, process_set)
         return [compression.decompress(t, context) for t, context in zip(reduced, contexts)]
 
 
@@ -368,21 +380,21 @@ def join():
     return last
 
 
-def barrier():
-    """Return once every rank has reached the barrier."""
-    _run_on_core(lambda arrays: core.barrier() or [], [], [], "Barrier")
+def barrier(process_set=global_process_set):
+    """Return once every rank (of `process_set`) has reached the barrier."""
+    _run_on_core(lambda arrays: core.barrier(process_set) or [], [], [], "Barrier")
 
 
-def broadcast_object(obj, root_rank=0, session=None, name=None):
+def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=global_process_set):
     """root_rank's picklable object, on every rank. `session` (TF1) is not supported."""
     _reject_session(session)
-    return core.broadcast_object(obj, root_rank, name=name)
+    return core.broadcast_object(obj, root_rank, name=name, process_set=process_set)
 
 
-def allgather_object(obj, session=None, name=None):
+def allgather_object(obj, session=None, name=None, process_set=global_process_set):
     """The list of every rank's picklable object, in rank order. `session` (TF1) is not supported."""
     _reject_session(session)
-    return core.allgather_object(obj, name=name)
+    return core.allgather_object(obj, name=name, process_set=process_set)
 
 
 def _reject_session(session):
@@ -391,7 +403,7 @@ def _reject_session(session):
 
 
 def size_op(process_set_id=0, name=None):
-    return tf.constant(core.size(), tf.int32, name=name)
+    return tf.constant(process_set_by_id(process_set_id).size(), tf.int32, name=name)
 
 
 def local_size_op(name=None):

@@ -8,6 +8,7 @@ from typing import Sequence, Union
 import tensorflow as tf
 
 from hvdtrain import core
+from hvdtrain.core import ProcessSet, global_process_set
 
 from .collectives import Adasum, Average, grouped_allreduce
 from .compression import Compression
@@ -25,10 +26,11 @@ class GradientReduction:
     op: int = Average
     gradient_predivide_factor: float = 1.0
     groups: Union[None, int, Sequence[Sequence]] = None
+    process_set: ProcessSet = global_process_set
 
     def reduce(self, gradients, variables):
         """The reduced `gradients` (None stays None); `variables` are what they belong to."""
-        if core.size() == 1:
+        if core.running_engine(self.process_set).size == 1:
             return list(gradients)
         gradients = [tf.convert_to_tensor(g) if self.sparse_as_dense and isinstance(g, tf.IndexedSlices) else g
                      for g in gradients]
@@ -40,7 +42,7 @@ class GradientReduction:
             name = self.name if self.groups is None else f"{self.name}.group{number}"
             results = grouped_allreduce([gradients[i] for i in members], compression=self.compression, op=self.op,
                                         prescale_factor=prescale, postscale_factor=postscale, name=name,
-                                        ignore_name_scope=True)
+                                        process_set=self.process_set, ignore_name_scope=True)
             for i, result in zip(members, results):
                 reduced[i] = result
         return reduced
@@ -66,7 +68,7 @@ class GradientReduction:
 
 
 def gradient_reduction(name, compression=Compression.none, sparse_as_dense=False, op=Average,
-                       gradient_predivide_factor=1.0, num_groups=0, groups=None):
+                       gradient_predivide_factor=1.0, num_groups=0, groups=None, process_set=global_process_set):
     """A GradientReduction from Horovod's arguments, checked as Horovod checks them."""
     if op == Adasum:
         raise NotImplementedError("hvdtrain does not implement the Adasum reduction; use op=Average or op=Sum")
@@ -79,7 +81,7 @@ def gradient_reduction(name, compression=Compression.none, sparse_as_dense=False
             groups = num_groups
     if groups is not None and not (isinstance(groups, list) or (isinstance(groups, int) and groups > 0)):
         raise ValueError("groups should be a non-negative integer or a list of list of tf.Variable.")
-    return GradientReduction(name, compression, sparse_as_dense, op, gradient_predivide_factor, groups)
+    return GradientReduction(name, compression, sparse_as_dense, op, gradient_predivide_factor, groups, process_set)
 
 
 class _DistributedGradient:
@@ -95,11 +97,11 @@ class _DistributedGradient:
 
 def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compression=Compression.none,
                             sparse_as_dense=False, op=Average, gradient_predivide_factor=1.0, num_groups=0,
-                            groups=None):
+                            groups=None, process_set=global_process_set):
     """A tape like `gradtape` whose gradient() averages (or `op`-reduces) the gradients over
-    ranks. `device_dense`/`device_sparse` are accepted for Horovod's signature."""
+    ranks (of `process_set`). `device_dense`/`device_sparse` are accepted for Horovod's signature."""
     reduction = gradient_reduction("DistributedGradientTape", compression, sparse_as_dense, op,
-                                   gradient_predivide_factor, num_groups, groups)
+                                   gradient_predivide_factor, num_groups, groups, process_set)
     tape_class = type(gradtape)
     distributed_class = type(tape_class.__name__, (_DistributedGradient, tape_class), {})
     distributed = object.__new__(distributed_class)
@@ -113,7 +115,7 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compres
 def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="", device_sparse="",
                          compression=Compression.none, sparse_as_dense=False, backward_passes_per_step=1,
                          op=Average, gradient_predivide_factor=1.0, average_aggregated_gradients=False,
-                         num_groups=0, groups=None):
+                         num_groups=0, groups=None, process_set=global_process_set):
     """Horovod's horovod.tensorflow.DistributedOptimizer: Keras optimizers are wrapped by
     hvdtrain.keras.DistributedOptimizer; TF1 optimizers (tf.compat.v1.train) need sessions,
     which hvdtrain does not support."""
@@ -127,4 +129,5 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
         optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse, compression=compression,
         sparse_as_dense=sparse_as_dense, gradient_predivide_factor=gradient_predivide_factor, op=op,
         backward_passes_per_step=backward_passes_per_step,
-        average_aggregated_gradients=average_aggregated_gradients, num_groups=num_groups, groups=groups)
+        average_aggregated_gradients=average_aggregated_gradients, num_groups=num_groups, groups=groups,
+        process_set=process_set)

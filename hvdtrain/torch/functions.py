@@ -3,6 +3,7 @@
 import torch
 
 from hvdtrain import core
+from hvdtrain.core import global_process_set
 
 from .mpi_ops import broadcast_async_, synchronize
 
@@ -45,11 +46,11 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None):
         optimizer.load_state_dict(state)
 
 
-def broadcast_object(obj, root_rank=0, name=None):
+def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
     """Return `root_rank`'s `obj` on every rank (serialized with cloudpickle)."""
-    return core.broadcast_object(obj, root_rank, name)
+    return core.broadcast_object(obj, root_rank, name, process_set)
 
 
-def allgather_object(obj, name=None):
+def allgather_object(obj, name=None, process_set=global_process_set):
     """Return the list of every rank's `obj`, in rank order."""
-    return core.allgather_object(obj, name)
+    return core.allgather_object(obj, name, process_set)

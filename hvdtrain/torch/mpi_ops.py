@@ -11,7 +11,8 @@ import numpy as np
 import torch
 
 from hvdtrain import core
-from hvdtrain.core.horovod_api import Average, Sum, handle_average_backwards_compatibility, rank, size
+from hvdtrain.core import global_process_set
+from hvdtrain.core.horovod_api import Average, handle_average_backwards_compatibility
 
 from .compression import Compression
 
@@ -85,7 +86,8 @@ def synchronize(handle):
 # ----------------------------------------------------------------------------- allreduce
 
 
-def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, bucket=None, array=None):
+def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, process_set, bucket=None,
+                     array=None):
     """`array`: a NumPy view of `tensor` that the caller keeps from step to step; the core
     recognizes the same array under the same name and skips validating it again."""
     in_place = output is tensor
@@ -93,98 +95,107 @@ def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor
         array = _array(_source(tensor, in_place))
     handle = core.allreduce_async(array, name=name, op=op, prescale_factor=prescale_factor,
                                   postscale_factor=postscale_factor, output=_output_array(output, in_place),
-                                  bucket=bucket)
+                                  bucket=bucket, process_set=process_set)
     return _register([handle], lambda _: output)
 
 
-def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
-    """Start reducing `tensor` over all ranks into a new tensor; returns a handle."""
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                    process_set=global_process_set):
+    """Start reducing `tensor` over the ranks (of `process_set`) into a new tensor; returns a handle."""
     op = handle_average_backwards_compatibility(op, average)
     return _allreduce_async(tensor, torch.empty_like(tensor, memory_format=torch.contiguous_format), name, op,
-                            prescale_factor, postscale_factor)
+                            prescale_factor, postscale_factor, process_set)
 
 
-def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
-    """Start reducing `tensor` over all ranks in place; returns a handle."""
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                     process_set=global_process_set):
+    """Start reducing `tensor` over the ranks (of `process_set`) in place; returns a handle."""
     op = handle_average_backwards_compatibility(op, average)
-    return _allreduce_async(tensor, tensor, name, op, prescale_factor, postscale_factor)
+    return _allreduce_async(tensor, tensor, name, op, prescale_factor, postscale_factor, process_set)
 
 
-def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+               process_set=global_process_set):
     op = handle_average_backwards_compatibility(op, average)
-    return synchronize(_allreduce_async(tensor, tensor, name, op, prescale_factor, postscale_factor))
+    return synchronize(_allreduce_async(tensor, tensor, name, op, prescale_factor, postscale_factor, process_set))
 
 
 class HorovodAllreduce(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor):
+    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, process_set):
         ctx.op, ctx.prescale_factor, ctx.postscale_factor = op, prescale_factor, postscale_factor
+        ctx.process_set = process_set
         return synchronize(allreduce_async(tensor, name=name, op=op, prescale_factor=prescale_factor,
-                                           postscale_factor=postscale_factor))
+                                           postscale_factor=postscale_factor, process_set=process_set))
 
     @staticmethod
     def backward(ctx, grad_output):
         grad = allreduce(grad_output, op=ctx.op, prescale_factor=ctx.prescale_factor,
-                         postscale_factor=ctx.postscale_factor)
-        return grad, None, None, None, None
+                         postscale_factor=ctx.postscale_factor, process_set=ctx.process_set)
+        return grad, None, None, None, None, None
 
 
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None, prescale_factor=1.0,
-              postscale_factor=1.0):
-    """Reduce `tensor` over all ranks (Average by default); differentiable."""
+              postscale_factor=1.0, process_set=global_process_set):
+    """Reduce `tensor` over the ranks (of `process_set`; Average by default); differentiable."""
     op = handle_average_backwards_compatibility(op, average)
     compressed, context = compression.compress(tensor)
-    reduced = HorovodAllreduce.apply(compressed, name, op, prescale_factor, postscale_factor)
+    reduced = HorovodAllreduce.apply(compressed, name, op, prescale_factor, postscale_factor, process_set)
     return compression.decompress(reduced, context)
 
 
-def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postscale_factor):
+def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postscale_factor, process_set):
     sources = [_source(t, o is t) for t, o in zip(tensors, outputs)]
     handles = core.grouped_allreduce_async([_array(s) for s in sources], name=name, op=op,
                                            prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-                                           outputs=[_output_array(o, o is t) for t, o in zip(tensors, outputs)])
+                                           outputs=[_output_array(o, o is t) for t, o in zip(tensors, outputs)],
+                                           process_set=process_set)
     return _register(handles, lambda _: list(outputs))
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                            postscale_factor=1.0):
+                            postscale_factor=1.0, process_set=global_process_set):
     op = handle_average_backwards_compatibility(op, average)
     outputs = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
-    return _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postscale_factor)
+    return _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postscale_factor, process_set)
 
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                             postscale_factor=1.0):
+                             postscale_factor=1.0, process_set=global_process_set):
     op = handle_average_backwards_compatibility(op, average)
-    return _grouped_allreduce_async(tensors, tensors, name, op, prescale_factor, postscale_factor)
+    return _grouped_allreduce_async(tensors, tensors, name, op, prescale_factor, postscale_factor, process_set)
 
 
-def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                       process_set=global_process_set):
     op = handle_average_backwards_compatibility(op, average)
-    return synchronize(_grouped_allreduce_async(tensors, tensors, name, op, prescale_factor, postscale_factor))
+    return synchronize(_grouped_allreduce_async(tensors, tensors, name, op, prescale_factor, postscale_factor,
+                                                process_set))
 
 
 class HorovodGroupedAllreduce(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, name, op, prescale_factor, postscale_factor, *tensors):
+    def forward(ctx, name, op, prescale_factor, postscale_factor, process_set, *tensors):
         ctx.op, ctx.prescale_factor, ctx.postscale_factor = op, prescale_factor, postscale_factor
+        ctx.process_set = process_set
         return tuple(synchronize(grouped_allreduce_async(list(tensors), name=name, op=op,
                                                          prescale_factor=prescale_factor,
-                                                         postscale_factor=postscale_factor)))
+                                                         postscale_factor=postscale_factor,
+                                                         process_set=process_set)))
 
     @staticmethod
     def backward(ctx, *grad_outputs):
         grads = grouped_allreduce(list(grad_outputs), op=ctx.op, prescale_factor=ctx.prescale_factor,
-                                  postscale_factor=ctx.postscale_factor)
-        return (None, None, None, None, *grads)
+                                  postscale_factor=ctx.postscale_factor, process_set=ctx.process_set)
+        return (None, None, None, None, None, *grads)
 
 
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
-                      prescale_factor=1.0, postscale_factor=1.0):
+                      prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
     """Reduce a list of tensors together (negotiated and fused as one group); differentiable."""
     op = handle_average_backwards_compatibility(op, average)
     compressed = [compression.compress(t) for t in tensors]
-    reduced = HorovodGroupedAllreduce.apply(name, op, prescale_factor, postscale_factor,
+    reduced = HorovodGroupedAllreduce.apply(name, op, prescale_factor, postscale_factor, process_set,
                                             *[c for c, _ in compressed])
     return [compression.decompress(r, context) for r, (_, context) in zip(reduced, compressed)]
 
@@ -192,82 +203,84 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
 # ----------------------------------------------------------------------------- allgather
 
 
-def allgather_async(tensor, name=None):
+def allgather_async(tensor, name=None, process_set=global_process_set):
     """Start concatenating every rank's `tensor` along dimension 0 (sizes may differ)."""
-    handle = core.allgather_async(_array(_source(tensor, False)), name=name)
+    handle = core.allgather_async(_array(_source(tensor, False)), name=name, process_set=process_set)
     return _register([handle], lambda results: _tensor(results[0]))
 
 
 class HorovodAllgather(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, name):
-        ctx.rows = tensor.shape[0]
-        return synchronize(allgather_async(tensor, name))
+    def forward(ctx, tensor, name, process_set):
+        ctx.rows, ctx.process_set = tensor.shape[0], process_set
+        return synchronize(allgather_async(tensor, name, process_set))
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad = allreduce(grad_output, op=Average)
-        rows = allgather(torch.tensor([ctx.rows], dtype=torch.int64))
-        offset = int(rows[:rank()].sum())
-        return grad.narrow(0, offset, ctx.rows), None
+        grad = allreduce(grad_output, op=Average, process_set=ctx.process_set)
+        rows = allgather(torch.tensor([ctx.rows], dtype=torch.int64), process_set=ctx.process_set)
+        offset = int(rows[:ctx.process_set.rank()].sum())
+        return grad.narrow(0, offset, ctx.rows), None, None
 
 
-def allgather(tensor, name=None):
+def allgather(tensor, name=None, process_set=global_process_set):
     """Concatenate every rank's `tensor` along dimension 0; differentiable."""
-    return HorovodAllgather.apply(tensor, name)
+    return HorovodAllgather.apply(tensor, name, process_set)
 
 
 # ----------------------------------------------------------------------------- broadcast
 
 
-def _broadcast_async(tensor, output, root_rank, name):
+def _broadcast_async(tensor, output, root_rank, name, process_set):
     in_place = output is tensor
     source = _source(tensor, in_place)
-    handle = core.broadcast_async(_array(source), root_rank, name=name, output=_output_array(output, in_place))
+    handle = core.broadcast_async(_array(source), root_rank, name=name, output=_output_array(output, in_place),
+                                  process_set=process_set)
     return _register([handle], lambda _: output)
 
 
-def broadcast_async(tensor, root_rank, name=None):
+def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
     return _broadcast_async(tensor, torch.empty_like(tensor, memory_format=torch.contiguous_format),
-                            root_rank, name)
+                            root_rank, name, process_set)
 
 
-def broadcast_async_(tensor, root_rank, name=None):
-    return _broadcast_async(tensor, tensor, root_rank, name)
+def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
+    return _broadcast_async(tensor, tensor, root_rank, name, process_set)
 
 
-def broadcast_(tensor, root_rank, name=None):
-    return synchronize(broadcast_async_(tensor, root_rank, name))
+def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
 
 
 class HorovodBroadcast(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, root_rank, name):
-        ctx.root_rank = root_rank
-        return synchronize(broadcast_async(tensor, root_rank, name))
+    def forward(ctx, tensor, root_rank, name, process_set):
+        ctx.root_rank, ctx.process_set = root_rank, process_set
+        return synchronize(broadcast_async(tensor, root_rank, name, process_set))
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad = allreduce(grad_output, op=Average)
-        if rank() != ctx.root_rank:
+        grad = allreduce(grad_output, op=Average, process_set=ctx.process_set)
+        if core.rank() != ctx.root_rank:
             grad = grad * 0
-        return grad, None, None
+        return grad, None, None, None
 
 
-def broadcast(tensor, root_rank, name=None):
-    """`root_rank`'s value of `tensor` on every rank; differentiable."""
-    return HorovodBroadcast.apply(tensor, root_rank, name)
+def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
+    """`root_rank`'s value of `tensor` on every rank (of `process_set`); differentiable.
+    `root_rank` is a rank of the job, as hvd.rank() numbers them, also in a process set."""
+    return HorovodBroadcast.apply(tensor, root_rank, name, process_set)
 
 
 # ----------------------------------------------------------------------------- alltoall
 
 
-def alltoall_async(tensor, splits=None, name=None):
-    """Start sending `splits[i]` rows of `tensor` to rank i; synchronize() gives
-    (received tensor, received splits)."""
+def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
+    """Start sending `splits[i]` rows of `tensor` to the i-th rank (of `process_set`);
+    synchronize() gives (received tensor, received splits)."""
     if splits is not None:
         splits = np.asarray(splits.tolist() if torch.is_tensor(splits) else splits, np.int64)
-    handle = core.alltoall_async(_array(_source(tensor, False)), splits=splits, name=name)
+    handle = core.alltoall_async(_array(_source(tensor, False)), splits=splits, name=name, process_set=process_set)
 
     def finish(results):
         received, received_splits = results[0]
@@ -278,52 +291,55 @@ def alltoall_async(tensor, splits=None, name=None):
 
 class HorovodAlltoall(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, splits, name):
-        output, received_splits = synchronize(alltoall_async(tensor, splits, name))
-        ctx.received_splits = received_splits
+    def forward(ctx, tensor, splits, name, process_set):
+        output, received_splits = synchronize(alltoall_async(tensor, splits, name, process_set))
+        ctx.received_splits, ctx.process_set = received_splits, process_set
         ctx.mark_non_differentiable(received_splits)
         return output, received_splits
 
     @staticmethod
     def backward(ctx, grad_output, _):
-        grad, _ = alltoall(grad_output, splits=ctx.received_splits)
-        return grad, None, None
+        grad, _ = alltoall(grad_output, splits=ctx.received_splits, process_set=ctx.process_set)
+        return grad, None, None, None
 
 
-def alltoall(tensor, splits=None, name=None):
+def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     """Exchange rows between ranks; returns (received tensor, received splits); differentiable."""
-    return HorovodAlltoall.apply(tensor, splits, name)
+    return HorovodAlltoall.apply(tensor, splits, name, process_set)
 
 
 # ----------------------------------------------------------------------------- reducescatter
 
 
-def reducescatter_async(tensor, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0):
+def reducescatter_async(tensor, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0,
+                        process_set=global_process_set):
     handle = core.reducescatter_async(_array(_source(tensor, False)), name=name, op=op,
-                                      prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+                                      prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                                      process_set=process_set)
     return _register([handle], lambda results: _tensor(results[0]))
 
 
 class HorovodReducescatter(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor):
-        ctx.op = op
+    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, process_set):
+        ctx.op, ctx.process_set = op, process_set
         ctx.scale = prescale_factor * postscale_factor
-        return synchronize(reducescatter_async(tensor, name, op, prescale_factor, postscale_factor))
+        return synchronize(reducescatter_async(tensor, name, op, prescale_factor, postscale_factor, process_set))
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad = allgather(grad_output) * ctx.scale
+        grad = allgather(grad_output, process_set=ctx.process_set) * ctx.scale
         if ctx.op == Average:
-            grad = grad / size()
-        return grad, None, None, None, None
+            grad = grad / ctx.process_set.size()
+        return grad, None, None, None, None, None
 
 
 def reducescatter(tensor, name=None, compression=Compression.none, op=Average, prescale_factor=1.0,
-                  postscale_factor=1.0):
-    """Reduce `tensor` over all ranks and keep this rank's share of dimension 0; differentiable."""
+                  postscale_factor=1.0, process_set=global_process_set):
+    """Reduce `tensor` over the ranks (of `process_set`) and keep this rank's share of
+    dimension 0; differentiable."""
     compressed, context = compression.compress(tensor)
-    reduced = HorovodReducescatter.apply(compressed, name, op, prescale_factor, postscale_factor)
+    reduced = HorovodReducescatter.apply(compressed, name, op, prescale_factor, postscale_factor, process_set)
     return compression.decompress(reduced, context)
 
 
@@ -336,5 +352,5 @@ def join(device=-1):
     return core.join()
 
 
-def barrier():
-    core.barrier()
+def barrier(process_set=global_process_set):
+    core.barrier(process_set)

@@ -20,10 +20,11 @@ import numpy as np
 import torch
 
 from hvdtrain import core
+from hvdtrain.core import global_process_set
+from hvdtrain.core.horovod_api import Adasum, Average
 
 from . import mpi_ops
 from .compression import Compression
-from hvdtrain.core.horovod_api import Adasum, Average, size
 
 from .mpi_ops import synchronize
 
@@ -77,8 +78,9 @@ class _DistributedOptimizer:
     """Mixed in front of the wrapped optimizer's class (see DistributedOptimizer)."""
 
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
-                 gradient_predivide_factor, groups, sparse_as_dense):
+                 gradient_predivide_factor, groups, sparse_as_dense, process_set):
         super().__init__(params)
+        self._process_set = process_set
         self._compression = compression
         self._backward_passes_per_step = backward_passes_per_step
         self._op = op
@@ -94,7 +96,7 @@ class _DistributedOptimizer:
         self._synchronized = False
         self._should_synchronize = True
         self._buckets = None
-        if size() > 1:
+        if core.running_engine(process_set).size > 1:
             self._buckets = _GradientBuckets(self._requires_update, f"DistributedOptimizer.{next(_optimizer_ids)}")
             for p in self._requires_update:
                 p.register_post_accumulate_grad_hook(self._on_gradient_ready)
@@ -126,7 +128,7 @@ class _DistributedOptimizer:
         name = f"DistributedOptimizer.{self._names[p]}"
         if p.grad is not None and p.grad.is_sparse:
             if not self._sparse_as_dense:
-                return _sparse_allreduce_async(p.grad, name, self._op), _SPARSE
+                return _sparse_allreduce_async(p.grad, name, self._op, self._process_set), _SPARSE
             p.grad = p.grad.to_dense()
         if p in self._buckets.view:
             self._buckets.adopt(p)
@@ -138,11 +140,11 @@ class _DistributedOptimizer:
             prescale, postscale = 1.0 / self._predivide, self._predivide
         compressed, context = self._compression.compress(p.grad)
         if compressed is p.grad and p in self._buckets.spec:
-            handle = mpi_ops._allreduce_async(p.grad, p.grad, name, self._op, prescale, postscale,
+            handle = mpi_ops._allreduce_async(p.grad, p.grad, name, self._op, prescale, postscale, self._process_set,
                                               bucket=self._buckets.spec[p], array=self._buckets.arrays[p])
         else:
             handle = mpi_ops.allreduce_async_(compressed, name=name, op=self._op, prescale_factor=prescale,
-                                              postscale_factor=postscale)
+                                              postscale_factor=postscale, process_set=self._process_set)
         return handle, context
 
     def synchronize(self):
@@ -240,16 +242,18 @@ def _parameter_groups(groups, params):
     return membership
 
 
-def _sparse_allreduce_async(grad, name, op):
+def _sparse_allreduce_async(grad, name, op, process_set):
     """Reduce a sparse gradient by gathering every rank's indices and values."""
     grad = grad.coalesce()
-    values = core.allgather_async(mpi_ops._array(grad._values().contiguous()), name=f"{name}.values")
-    indices = core.allgather_async(mpi_ops._array(grad._indices().t().contiguous()), name=f"{name}.indices")
+    values = core.allgather_async(mpi_ops._array(grad._values().contiguous()), name=f"{name}.values",
+                                  process_set=process_set)
+    indices = core.allgather_async(mpi_ops._array(grad._indices().t().contiguous()), name=f"{name}.indices",
+                                   process_set=process_set)
 
     def finish(results):
         gathered_values, gathered_indices = (mpi_ops._tensor(r) for r in results)
         if op == Average:
-            gathered_values = gathered_values / size()
+            gathered_values = gathered_values / core.running_engine(process_set).size
         return torch.sparse_coo_tensor(gathered_indices.t(), gathered_values, grad.shape)
 
     return mpi_ops._register([values, indices], finish)
@@ -257,12 +261,13 @@ def _sparse_allreduce_async(grad, name, op):
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0, num_groups=0,
-                         groups=None, sparse_as_dense=False):
-    """Wrap `optimizer` so that step() applies gradients averaged (by default) over all ranks.
+                         groups=None, sparse_as_dense=False, process_set=global_process_set):
+    """Wrap `optimizer` so that step() applies gradients averaged (by default) over all ranks
+    (of `process_set`).
 
     Returns an instance of a subclass of the optimizer's own class, built from its parameter
     groups (so isinstance checks and state_dict formats are unchanged)."""
-    core.running_engine()  # raises the usual "not initialized" error early
+    core.running_engine(process_set)  # not initialized, or not in the set: the usual error, early
     if op == Adasum:
         raise NotImplementedError("op=Adasum is not supported by hvdtrain")
     if gradient_predivide_factor != 1.0 and op != Average:
@@ -276,4 +281,4 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             groups = num_groups
     cls = type(optimizer.__class__.__name__, (_DistributedOptimizer, optimizer.__class__), {})
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
-               gradient_predivide_factor, groups, sparse_as_dense)
+               gradient_predivide_factor, groups, sparse_as_dense, process_set)

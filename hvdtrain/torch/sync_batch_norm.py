@@ -3,7 +3,9 @@
 import torch
 import torch.nn.functional as F
 
-from .mpi_ops import Sum, allreduce_async_, size, synchronize
+from hvdtrain.core.horovod_api import Sum, size
+
+from .mpi_ops import allreduce_async_, synchronize
 
 
 def _sum_over_ranks(tensor):

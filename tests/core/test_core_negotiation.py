@@ -157,7 +157,7 @@ def test_cache_of_capacity_zero_holds_nothing():
 
 
 def coordinator(size, **settings):
-    return Coordinator(size, Settings(**settings))
+    return Coordinator(tuple(range(size)), Settings(**settings))
 
 
 def test_coordinator_responds_once_every_rank_has_submitted():

@@ -1,6 +1,7 @@
 """hvdtrain.tensorflow on real ranks: exact collectives on tf.Tensors of several dtypes, eagerly
 and inside tf.function; their gradients; errors on every rank for mismatched shapes; and
-DistributedGradientTape giving the weights of one process with the whole batch.
+DistributedGradientTape giving the weights of one process with the whole batch; the same
+within a process set of two of the three ranks.
 
 TensorFlow takes seconds to import, so each launch runs all of these checks."""
 
@@ -18,10 +19,12 @@ def ranks_tensorflow_api():
 
     import hvdtrain.tensorflow as hvd
 
-    hvd.init()
+    ends = hvd.ProcessSet([0, 2])
+    hvd.init(process_sets=[ends])
     for check in (check_reductions, check_data_movement, check_sparse_objects_and_join, check_gradients,
                   check_mismatched_shapes_fail_everywhere, check_gradient_tape_equivalence):
         check(tf, hvd)
+    check_process_set(tf, hvd, ends)
 
 
 def _values(rank, dtype, shape=(2, 3)):
@@ -243,6 +246,40 @@ def check_gradient_tape_equivalence(tf, hvd):
         got = train(True, options, compile_step, lambda s: slice(s * n * b + r * b, s * n * b + (r + 1) * b))
         for mine, want in zip(got, reference):
             np.testing.assert_allclose(mine, want, rtol=1e-12, atol=1e-14, err_msg=str(options))
+
+
+def check_process_set(tf, hvd, ends):
+    """Collectives, their gradients and DistributedGradientTape within the set of ranks 0 and 2;
+    rank 1, outside it, is refused."""
+    r = hvd.rank()
+    if not ends.included():
+        with pytest.raises(ValueError, match=r"rank 1 is not a member of process set 1 \(ranks \[0, 2\]\)"):
+            hvd.allreduce(tf.ones(2), process_set=ends)
+        return
+    position = ends.rank()
+
+    def compute():
+        return {"sum": hvd.allreduce(tf.constant(_values(r, "int32")), op=hvd.Sum, name="set.sum", process_set=ends),
+                "root": hvd.broadcast(tf.constant([r]), 2, name="set.root", process_set=ends),
+                "size": hvd.size_op(process_set_id=1)}
+
+    def check(results):
+        np.testing.assert_array_equal(results["sum"], _values(0, "int32") + _values(2, "int32"))
+        assert results["root"].tolist() == [2] and int(results["size"]) == 2
+
+    _assert_in_both_modes(tf, compute, check)
+    x = tf.Variable(tf.fill([position + 1, 2], float(r)))
+    with tf.GradientTape() as tape:
+        gathered = hvd.allgather(x, name="set.gather", process_set=ends)
+        loss = tf.reduce_sum(gathered * tf.reshape(tf.range(6.0), [3, 2]))
+    assert gathered[:, 0].numpy().tolist() == [0.0, 2.0, 2.0]
+    # Allgather's gradient: this rank's rows at its position in the set, not at its rank.
+    np.testing.assert_array_equal(tape.gradient(loss, x), np.arange(6.0).reshape(3, 2)[position:2 * position + 1])
+    w = tf.Variable([1.0, 1.0])
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(w * float(r + 1))
+    tape = hvd.DistributedGradientTape(tape, process_set=ends)
+    np.testing.assert_array_equal(tape.gradient(loss, [w])[0], [2.0, 2.0])  # the mean of 1 and 3
 
 
 def test_tensorflow_api_on_three_ranks(mpirun):

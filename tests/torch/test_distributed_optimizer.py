@@ -162,3 +162,51 @@ def ranks_optimizer_behaviour():
 
 def test_optimizer_behaviour(mpirun):
     mpirun(3, ranks_optimizer_behaviour, timeout=180)
+
+
+def ranks_process_sets():
+    """Two pairs of ranks train two models side by side, each pair data-parallel within itself."""
+    import hvdtrain.torch as hvd
+
+    pairs = [hvd.ProcessSet([0, 1]), hvd.ProcessSet([2, 3])]
+    hvd.init(process_sets=pairs)
+    r = hvd.rank()
+    mine, other = pairs[r // 2], pairs[1 - r // 2]
+    position = mine.rank()
+
+    def pair_batches():  # each pair its own data
+        return [(x + r // 2, y) for x, y in _batches(2, 1)]
+
+    reference = _model()
+    expected = _train(reference, torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9), pair_batches(),
+                      lambda x, y, p: (x, y), 1)
+    model = _model()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                         named_parameters=model.named_parameters(), process_set=mine)
+    rows = slice(position * PER_RANK_BATCH, (position + 1) * PER_RANK_BATCH)
+    got = _train(model, optimizer, pair_batches(), lambda x, y, p: (x[rows], y[rows]), 1)
+    difference = (got - expected).abs().max().item()
+    assert difference < 1e-12, f"rank {r}: weights differ from its pair's large-batch run by {difference}"
+    across = hvd.allgather(got.unsqueeze(0))  # the global set: the pairs trained different models
+    assert torch.equal(across[0], across[1]) and torch.equal(across[2], across[3])
+    assert not torch.equal(across[0], across[2])
+
+    # Gradients through the collectives stay within the set: allgather's backward takes this
+    # rank's rows at its position in the set, reducescatter's divides by the set's size.
+    x = torch.full((position + 1, 2), float(r), requires_grad=True)
+    gathered = hvd.allgather(x, process_set=mine)
+    assert gathered[:, 0].tolist() == [float(k) for k in mine.ranks for _ in range(mine.ranks.index(k) + 1)]
+    (gathered * torch.arange(6.0).reshape(3, 2)).sum().backward()
+    assert torch.equal(x.grad, torch.arange(6.0).reshape(3, 2)[position:2 * position + 1])
+    x = torch.ones(4, requires_grad=True)
+    hvd.reducescatter(x, op=hvd.Average, process_set=mine).sum().backward()
+    assert torch.equal(x.grad, torch.full((4,), 0.5))
+    assert torch.equal(hvd.broadcast(torch.tensor([float(r)]), mine.ranks[1], process_set=mine),
+                       torch.tensor([float(mine.ranks[1])]))
+
+    with pytest.raises(ValueError, match=rf"rank {r} is not a member of process set {other.process_set_id}"):
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), process_set=other)
+
+
+def test_process_sets_train_side_by_side_each_like_its_own_large_batch(mpirun):
+    mpirun(4, ranks_process_sets, timeout=180)

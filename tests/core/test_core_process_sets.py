@@ -1,0 +1,147 @@
+"""Process sets: collectives among some of the ranks give exactly the result of those ranks'
+inputs, run beside the global set's and other sets' collectives of the same names, and bad use
+(a rank outside the set, a root outside it, ranks registering different sets) fails on every
+rank concerned instead of hanging."""
+
+import numpy as np
+import pytest
+
+from hvdtrain import core
+from hvdtrain.core import ProcessSet, ReduceOp, TensorMismatchError
+
+
+def data(rank, salt=0):
+    return (np.arange(6, dtype=np.float64) + 10 * rank + 100 * salt).reshape(3, 2)
+
+
+def check_static_sets(n):
+    n = int(n)
+    evens, odds = ProcessSet(range(0, n, 2)), ProcessSet(range(1, n, 2))
+    allbutlast = ProcessSet(range(n - 1))
+    core.init(process_sets=[evens, odds, allbutlast])
+    me = core.rank()
+    mine = evens if me % 2 == 0 else odds
+    other = odds if mine is evens else evens
+    assert [s.process_set_id for s in (evens, odds, allbutlast)] == [1, 2, 3]
+    assert core.global_process_set.ranks == list(range(n)) and core.global_process_set.size() == n
+    assert (mine.included(), other.included()) == (True, False)
+    assert mine.size() == len(mine.ranks) and mine.rank() == mine.ranks.index(me) and other.rank() is None
+
+    # The same name in flight in the global set, this rank's set and the overlapping one.
+    in_world = core.allreduce_async(data(me), name="x", op=ReduceOp.SUM)
+    in_mine = core.allreduce_async(data(me), name="x", op=ReduceOp.SUM, process_set=mine)
+    in_overlap = (core.allreduce_async(data(me), name="x", op=ReduceOp.MAX, process_set=allbutlast)
+                  if allbutlast.included() else None)
+    assert np.array_equal(in_world.wait(), sum(data(r) for r in range(n)))
+    assert np.array_equal(in_mine.wait(), sum(data(r) for r in mine.ranks))
+    if in_overlap is not None:
+        assert np.array_equal(in_overlap.wait(), data(n - 2))
+
+    average = core.allreduce_async(data(me), name="avg", process_set=mine).wait()
+    assert np.allclose(average, sum(data(r) for r in mine.ranks) / mine.size())
+    grouped = core.grouped_allreduce_async([data(me), data(me, 1)], name="g", op=ReduceOp.SUM,
+                                           process_set=mine)
+    assert all(np.array_equal(h.wait(), sum(data(r, s) for r in mine.ranks)) for s, h in enumerate(grouped))
+
+    rows = np.full((me + 1, 2), me, np.int64)  # a different number of rows per rank
+    gathered = core.allgather_async(rows, name="gather", process_set=mine).wait()
+    assert np.array_equal(gathered, np.concatenate([np.full((r + 1, 2), r, np.int64) for r in mine.ranks]))
+
+    root = mine.ranks[-1]  # a job rank, not a position in the set
+    assert np.array_equal(core.broadcast_async(data(me), root, name="bcast", process_set=mine).wait(), data(root))
+
+    sent = np.repeat(np.arange(mine.size()) + 10 * me, 2)  # two rows for each member
+    received, splits = core.alltoall_async(sent, name="a2a", process_set=mine).wait()
+    assert splits.tolist() == [2] * mine.size()
+    assert received.tolist() == [10 * r + mine.rank() for r in mine.ranks for _ in range(2)]
+
+    scattered = core.reducescatter_async(np.arange(2 * mine.size(), dtype=np.float64) * (me + 1), name="rs",
+                                         op=ReduceOp.SUM, process_set=mine).wait()
+    total = sum(r + 1 for r in mine.ranks)
+    assert scattered.tolist() == [total * (2 * mine.rank()), total * (2 * mine.rank() + 1)]
+
+    # Unnamed object collectives are counted per set: the global call after them still matches.
+    assert core.allgather_object(f"r{me}", process_set=mine) == [f"r{r}" for r in mine.ranks]
+    assert core.broadcast_object(me if me == root else None, root_rank=root, process_set=mine) == root
+    assert core.allgather_object(me) == list(range(n))
+    core.barrier(process_set=mine)
+
+    with pytest.raises(ValueError, match=rf"rank {me} is not a member of process set {other.process_set_id}"):
+        core.allreduce_async(data(me), name="outside", process_set=other)
+    with pytest.raises(ValueError, match=rf"root_rank {other.ranks[0]} is not a rank of process set"):
+        core.broadcast_async(data(me), other.ranks[0], name="foreign root", process_set=mine)
+    with pytest.raises(ValueError, match="needs dynamic process sets"):
+        core.add_process_set([0])
+    core.shutdown()
+    assert evens.process_set_id is None and odds.process_set_id is None
+
+
+def check_mismatch_in_a_set_names_job_ranks():
+    odds = ProcessSet([1, 3])
+    core.init(process_sets=[odds])
+    me = core.rank()
+    if odds.included():
+        with pytest.raises(TensorMismatchError) as raised:
+            core.allreduce_async(np.ones(2 + me), name="bad", process_set=odds).wait()
+        assert set(raised.value.values_by_rank) == {1, 3}, raised.value.values_by_rank
+        assert "rank 1: (3,)" in str(raised.value) and "rank 3: (5,)" in str(raised.value), raised.value
+    assert core.allgather_object(me) == [0, 1, 2, 3]  # the others were never held up
+    core.shutdown()
+
+
+def check_dynamic_sets(n):
+    n = int(n)
+    core.init()
+    me = core.rank()
+    ends = core.add_process_set([0, n - 1])
+    assert ends.process_set_id == 1 and isinstance(ends, ProcessSet)
+    if ends.included():
+        assert core.allreduce_async(data(me), name="e", op=ReduceOp.SUM, process_set=ends).wait().tolist() == \
+            (data(0) + data(n - 1)).tolist()
+    with pytest.raises(ValueError, match=r"already registered"):
+        core.add_process_set(ProcessSet([n - 1, 0]))
+    with pytest.raises(ValueError, match=rf"must be a non-empty list of ranks of this job \(0 to {n - 1}\)"):
+        core.add_process_set([0, n])
+    with pytest.raises(ValueError, match=r"rank 0: \[0\]; rank 1: \[1\]"):
+        core.add_process_set([min(me, 1)])  # rank 0 asks for [0], the others for [1]
+    assert core.remove_process_set(ends) is True and ends.process_set_id is None
+    assert core.remove_process_set(ends) is False and core.remove_process_set(core.global_process_set) is False
+    with pytest.raises(ValueError, match="is not registered"):
+        core.allreduce_async(data(me), name="gone", process_set=ends)
+    again = core.add_process_set([0, n - 1])  # the same ranks may be registered again once removed
+    assert again.process_set_id == 2
+    if again.included():
+        core.barrier(process_set=again)
+    core.shutdown()
+    with pytest.raises(ValueError, match="not been initialized"):
+        core.allreduce_async(data(me), name="late", process_set=again)
+
+
+@pytest.mark.parametrize("n", [3, 4])
+def test_collectives_in_process_sets_involve_their_members_only(mpirun, n):
+    mpirun(n, check_static_sets, n)
+
+
+def test_a_mismatch_inside_a_process_set_names_the_ranks_of_the_job(mpirun):
+    mpirun(4, check_mismatch_in_a_set_names_job_ranks)
+
+
+def test_dynamic_process_sets_are_added_checked_and_removed_on_every_rank(mpirun):
+    mpirun(3, check_dynamic_sets, 3, env={"HOROVOD_DYNAMIC_PROCESS_SETS": "1"})
+
+
+@pytest.mark.parametrize("ranks, message", [
+    ("01", "must be integers"),
+    ([0, 1.5], "must be integers"),
+    ([1, 1], "must be distinct"),
+    (3, "made from a list of ranks"),
+])
+def test_a_bad_process_set_is_refused_when_made(ranks, message):
+    with pytest.raises(ValueError, match=message):
+        ProcessSet(ranks)
+
+
+def test_init_refuses_process_sets_that_are_not_a_list_of_process_sets():
+    with pytest.raises(ValueError, match=r"takes a list of ProcessSet objects or 'dynamic', got \[\[0, 1\]\]"):
+        core.init(process_sets=[[0, 1]])
+    assert not core.is_initialized()
