@@ -12,9 +12,6 @@ then, where dynamic process sets are enabled, those passed to `add_process_set`.
 
 import dataclasses
 import operator
-import threading
-
-_lock = threading.Lock()
 
 
 class ProcessSet:
@@ -93,8 +90,7 @@ def start(comm, settings, world_engine, process_sets, dynamic):
 def stop():
     """Called by shutdown(): stop every set's engine and forget the sets."""
     global _registry
-    with _lock:
-        registry, _registry = _registry, None
+    registry, _registry = _registry, None
     if registry is None:
         return
     for process_set in registry.sets.values():
@@ -129,9 +125,8 @@ def remove_process_set(process_set):
     set_id = process_set.process_set_id
     if not set_id or registry.sets.get(set_id) is not process_set:
         return False
-    with _lock:
-        del registry.sets[set_id]
-        engine = registry.engines.pop(set_id)
+    del registry.sets[set_id]
+    engine = registry.engines.pop(set_id)
     process_set.process_set_id = None
     if engine is not None:
         engine.shutdown()  # its members stop it together: each of them removes the set
@@ -141,9 +136,10 @@ def remove_process_set(process_set):
 def engine_of(process_set):
     """The engine that runs this rank's collectives in `process_set`."""
     registry = _running_registry()
-    engine = registry.engines.get(process_set.process_set_id, False)
-    if engine is False or registry.sets[process_set.process_set_id] is not process_set:
+    set_id = process_set.process_set_id
+    if registry.sets.get(set_id) is not process_set:
         raise ValueError(f"{process_set} is not registered: pass it to init(process_sets=[...]) or add_process_set()")
+    engine = registry.engines[set_id]
     if engine is None:
         raise ValueError(
             f"rank {registry.world_engine.rank} is not a member of process set {process_set.process_set_id} "
@@ -210,9 +206,8 @@ def _register(process_set):
         # One timeline per job, written by the global engine: a set's rank 0 would overwrite it.
         settings = dataclasses.replace(registry.settings, timeline_path=None)
         engine = Engine(comm, settings, members=tuple(process_set.ranks))
-    with _lock:
-        registry.next_id += 1
-        registry.engines[set_id] = engine
-        registry.sets[set_id] = process_set
+    registry.next_id += 1
+    registry.engines[set_id] = engine
+    registry.sets[set_id] = process_set
     process_set.process_set_id = set_id
     return process_set
