@@ -69,9 +69,10 @@ def init(comm=None, process_sets=None):
         from .engine import Engine
 
         comm = MPI.COMM_WORLD if comm is None else comm
+        agreement = _process_sets.agree_at_init(comm, process_sets)
         _engine = Engine(comm, settings)
         _unnamed_object_calls.clear()
-        _process_sets.start(comm, settings, _engine, process_sets, dynamic or settings.dynamic_process_sets)
+        _process_sets.start(comm, settings, _engine, process_sets, agreement, dynamic or settings.dynamic_process_sets)
         if not _atexit_registered:
             atexit.register(shutdown)
             _atexit_registered = True

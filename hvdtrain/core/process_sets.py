@@ -6,26 +6,36 @@ independently of each other, and a rank outside a set never waits for it. Ranks 
 job's ranks (as `rank()` numbers them), also for a broadcast's root; a set's own numbering
 shows only in `ProcessSet.rank()` and in the order of gathered results.
 
-Sets are registered by every rank in the same order: the ones given to `init(process_sets=...)`,
-then, where dynamic process sets are enabled, those passed to `add_process_set`.
+Sets made from lists of ranks are registered by every rank in the same order: the ones given to
+`init(process_sets=...)`, then, where dynamic process sets are enabled, those passed to
+`add_process_set`. A set made from an MPI communicator is passed to `init` by its members only
+(each rank knows only the communicators it belongs to, as in Horovod's example of even and odd
+ranks); every rank registers it all the same, after the sets made from lists.
 """
 
 import dataclasses
 import operator
+import sys
 
 
 class ProcessSet:
     """Ranks that run collectives together. Pass it to `init(process_sets=[...])` or
     `add_process_set()`; `process_set_id` is set once it is registered."""
 
-    def __init__(self, ranks):
+    def __init__(self, ranks_or_comm):
+        self.process_set_id = None
+        self.mpi_comm = None
         try:
-            ranks = list(ranks)
+            ranks = list(ranks_or_comm)
         except TypeError:
-            raise ValueError(
-                f"a ProcessSet is made from a list of ranks, got {type(ranks).__name__} (hvdtrain does not "
-                "build process sets from MPI communicators)"
-            ) from None
+            if not _is_mpi_communicator(ranks_or_comm):
+                raise ValueError(
+                    "a ProcessSet is made from a list of ranks or an mpi4py communicator, got "
+                    f"{type(ranks_or_comm).__name__}"
+                ) from None
+            self.mpi_comm = ranks_or_comm
+            self.ranks = None  # the job's ranks of its processes, known once registered
+            return
         try:
             ranks = sorted(operator.index(r) for r in ranks)
         except TypeError:
@@ -33,7 +43,6 @@ class ProcessSet:
         if len(set(ranks)) != len(ranks):
             raise ValueError(f"ProcessSet ranks must be distinct, got {ranks}")
         self.ranks = ranks
-        self.process_set_id = None
 
     def size(self):
         """The number of ranks in the set; None before it is registered."""
@@ -54,6 +63,13 @@ class ProcessSet:
 
     def __repr__(self):
         return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
+
+
+def _is_mpi_communicator(value):
+    # Whoever holds a communicator has imported mpi4py.MPI; importing it here for the check
+    # would start MPI in a process that only made a set from a list.
+    mpi = sys.modules.get("mpi4py.MPI")
+    return mpi is not None and isinstance(value, mpi.Comm)
 
 
 global_process_set = ProcessSet([])
@@ -78,13 +94,21 @@ def _job_rank():
     return _running_registry().world_engine.rank
 
 
-def start(comm, settings, world_engine, process_sets, dynamic):
-    """Called by init() once the global engine runs: register `process_sets` in order."""
+def agree_at_init(comm, process_sets):
+    """Called by init() on every rank before any engine starts: the sets to register, agreed
+    with plain MPI on `comm`, so that registering leaves no trace in the engine (its cache, the
+    timeline). Every rank takes part, even with no sets of its own: a rank outside every
+    communicator still registers the sets other ranks made from theirs."""
+    requests = [_request(s, comm) for s in process_sets]
+    return requests, _agree(comm.allgather(requests), 1, comm.Get_size())
+
+
+def start(comm, settings, world_engine, process_sets, agreement, dynamic):
+    """Called by init() once the global engine runs: register the sets of `agree_at_init`."""
     global _registry
     _registry = _Registry(comm, settings, world_engine, dynamic)
     global_process_set.ranks = list(range(world_engine.size))
-    for process_set in process_sets:
-        _register(process_set)
+    _register(process_sets, *agreement)
 
 
 def stop():
@@ -111,7 +135,13 @@ def add_process_set(process_set):
         )
     if not isinstance(process_set, ProcessSet):
         process_set = ProcessSet(process_set)
-    return _register(process_set)
+    from . import allgather_object
+
+    requests = [_request(process_set, registry.comm, dynamic=True)]
+    # Through the global engine, which owns the communicators while it runs.
+    asked = allgather_object(requests, name=f"process_set.{registry.next_id}")
+    _register([process_set], requests, _agree(asked, registry.next_id, registry.world_engine.size))
+    return process_set
 
 
 def remove_process_set(process_set):
@@ -164,50 +194,102 @@ def _running_registry():
     return _registry
 
 
-def _register(process_set):
+def _register(process_sets, requests, agreed):
+    """Register the `agreed` sets (lists of ranks, in id order) on this rank; `process_sets`
+    are this rank's objects, `requests` what it asked for them."""
     from mpi4py import MPI
-
-    from . import allgather_object
 
     registry = _running_registry()
     world = registry.world_engine
-    set_id = registry.next_id
-    # Every rank must register the same sets in the same order. Agreeing first, before any
-    # check that could fail on some ranks only, means that all of them fail together or none.
-    asked = allgather_object(process_set.ranks, name=f"process_set.{set_id}")
-    if any(ranks != asked[0] for ranks in asked):
-        by_rank = "; ".join(f"rank {r}: {ranks}" for r, ranks in enumerate(asked))
-        raise ValueError(
-            f"ranks registered different process sets as set {set_id} ({by_rank}); every rank must "
-            "register the same sets in the same order"
-        )
-    outside = [r for r in process_set.ranks if not 0 <= r < world.size]
-    if not process_set.ranks or outside:
-        raise ValueError(
-            f"process set ranks {process_set.ranks} must be a non-empty list of ranks of this job "
-            f"(0 to {world.size - 1})"
-        )
-    if process_set.process_set_id is not None:
-        raise ValueError(f"{process_set} is already registered")
-    duplicate = next((s for s in registry.sets.values() if s.ranks == process_set.ranks), None)
-    if duplicate is not None:
-        raise ValueError(f"a process set with ranks {process_set.ranks} is already registered: {duplicate}")
-    if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+    first_id = registry.next_id
+    for ranks in agreed:
+        duplicate = next((s for s in registry.sets.values() if s.ranks == ranks), None)
+        if duplicate is not None:
+            raise ValueError(f"a process set with ranks {ranks} is already registered: {duplicate}")
+    if agreed and MPI.Query_thread() < MPI.THREAD_MULTIPLE:
         raise ValueError(
             "process sets run an engine thread each and need MPI_THREAD_MULTIPLE; MPI was initialized "
             f"with thread level {MPI.Query_thread()}"
         )
-    member = world.rank in process_set.ranks
-    comm = registry.comm.Split(color=0 if member else MPI.UNDEFINED, key=world.rank)
-    engine = None
-    if member:
-        from .engine import Engine
+    # This rank's objects take the ids of their sets; the sets it did not pass (communicators it
+    # is not part of) get objects of their own, so that process_set_by_id knows every set.
+    objects = {tuple(ranks): s for s, (_, ranks) in zip(process_sets, requests)}
+    for set_id, ranks in enumerate(agreed, start=first_id):
+        process_set = objects.get(tuple(ranks)) or ProcessSet(ranks)
+        member = world.rank in ranks
+        comm = registry.comm.Split(color=0 if member else MPI.UNDEFINED, key=world.rank)
+        engine = None
+        if member:
+            from .engine import Engine
 
-        # One timeline per job, written by the global engine: a set's rank 0 would overwrite it.
-        settings = dataclasses.replace(registry.settings, timeline_path=None)
-        engine = Engine(comm, settings, members=tuple(process_set.ranks))
-    registry.next_id += 1
-    registry.engines[set_id] = engine
-    registry.sets[set_id] = process_set
-    process_set.process_set_id = set_id
-    return process_set
+            # One timeline per job, written by the global engine: a set's rank 0 would overwrite it.
+            settings = dataclasses.replace(registry.settings, timeline_path=None)
+            engine = Engine(comm, settings, members=tuple(ranks))
+        registry.next_id = set_id + 1
+        registry.engines[set_id] = engine
+        registry.sets[set_id] = process_set
+        process_set.ranks, process_set.process_set_id = list(ranks), set_id
+
+
+def _request(process_set, init_comm, dynamic=False):
+    """What this rank asks to register: ("ranks", ranks), ("comm", the job's ranks of the
+    communicator's processes), or ("error", why this rank cannot)."""
+    if process_set.process_set_id is not None:
+        return "error", f"{process_set} is already registered"
+    if process_set.mpi_comm is None:
+        return "ranks", process_set.ranks
+    if dynamic:
+        return "error", ("add_process_set() takes lists of ranks; pass process sets made from MPI communicators "
+                         "to init(process_sets=[...])")
+    from mpi4py import MPI
+
+    comm = process_set.mpi_comm
+    if comm == MPI.COMM_NULL:
+        return "error", "its ProcessSet was made from MPI.COMM_NULL (a communicator this rank is not part of)"
+    if comm.Is_inter():
+        return "error", "its ProcessSet was made from an intercommunicator"
+    ranks = MPI.Group.Translate_ranks(comm.Get_group(), list(range(comm.Get_size())), init_comm.Get_group())
+    if MPI.UNDEFINED in ranks:
+        return "error", "its ProcessSet was made from a communicator with processes outside init()'s communicator"
+    return "comm", sorted(ranks)
+
+
+def _agree(asked, first_id, size):
+    """The sets to register, in id order, from what each rank asked for (`asked[rank]`), or a
+    ValueError naming the ranks at fault: the same on every rank, since all see `asked`."""
+    errors = [f"rank {r}: {detail}" for r, requests in enumerate(asked) for kind, detail in requests
+              if kind == "error"]
+    if errors:
+        raise ValueError(f"cannot register process sets ({'; '.join(errors)})")
+    for r, requests in enumerate(asked):
+        asked_ranks = [ranks for _, ranks in requests]
+        repeated = next((ranks for i, ranks in enumerate(asked_ranks) if ranks in asked_ranks[:i]), None)
+        if repeated is not None:
+            raise ValueError(f"rank {r} passed the process set of ranks {repeated} twice")
+    from_lists = [[ranks for kind, ranks in requests if kind == "ranks"] for requests in asked]
+    for position in range(max(map(len, from_lists))):
+        by_rank = [lists[position] if position < len(lists) else None for lists in from_lists]
+        if any(ranks != by_rank[0] for ranks in by_rank):
+            listed = "; ".join(f"rank {r}: {'nothing' if ranks is None else ranks}" for r, ranks in enumerate(by_rank))
+            raise ValueError(
+                f"ranks registered different process sets as set {first_id + position} ({listed}); every rank "
+                "must register the same sets in the same order"
+            )
+    agreed = list(from_lists[0])
+    for ranks in agreed:
+        outside = [r for r in ranks if not 0 <= r < size]
+        if not ranks or outside:
+            raise ValueError(f"process set ranks {ranks} must be a non-empty list of ranks of this job (0 to {size - 1})")
+    from_comms = [[ranks for kind, ranks in requests if kind == "comm"] for requests in asked]
+    for ranks in (ranks for comms in from_comms for ranks in comms):
+        if ranks in agreed:
+            continue
+        missing = [m for m in ranks if ranks not in from_comms[m]]
+        if missing:
+            passed = [r for r, comms in enumerate(from_comms) if ranks in comms]
+            raise ValueError(
+                f"the process set of ranks {ranks}, made from an MPI communicator, was passed to init() by "
+                f"rank(s) {passed} but not by its member(s) {missing}; every member must pass it"
+            )
+        agreed.append(ranks)
+    return agreed

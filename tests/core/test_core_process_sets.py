@@ -8,6 +8,7 @@ import pytest
 
 from hvdtrain import core
 from hvdtrain.core import ProcessSet, ReduceOp, TensorMismatchError
+from hvdtrain.core.process_sets import process_set_by_id
 
 
 def data(rank, salt=0):
@@ -89,6 +90,56 @@ def check_mismatch_in_a_set_names_job_ranks():
     core.shutdown()
 
 
+def check_sets_from_communicators(n):
+    """Horovod's example: each rank passes the set of its own communicator (even or odd ranks),
+    and every rank registers both. Rank n-1 of an odd job passes a pair of its own too."""
+    from mpi4py import MPI
+
+    n, world = int(n), MPI.COMM_WORLD
+    me = world.Get_rank()
+    halves = world.Split(color=me % 2, key=-me)  # the key reverses the order: ranks stay the job's
+    mine = ProcessSet(halves)
+    assert mine.ranks is None and mine.size() is None
+    core.init(process_sets=[ProcessSet([0, 1]), mine])
+    assert mine.ranks == list(range(me % 2, n, 2)) and mine.process_set_id == 2 + me % 2
+    other = process_set_by_id(3 - me % 2)
+    assert other.ranks == list(range(1 - me % 2, n, 2)) and other.included() is False
+    assert mine.rank() == mine.ranks.index(me)
+    summed = core.allreduce_async(data(me), name="x", op=ReduceOp.SUM, process_set=mine).wait()
+    assert np.array_equal(summed, sum(data(r) for r in mine.ranks))
+    gathered = core.allgather_async(np.full((1, 2), me), name="g", process_set=mine).wait()
+    assert gathered[:, 0].tolist() == mine.ranks  # in job-rank order, whatever the communicator's order
+    with pytest.raises(ValueError, match=rf"rank {me} is not a member of process set {other.process_set_id}"):
+        core.allreduce_async(data(me), name="outside", process_set=other)
+    core.shutdown()
+
+
+def check_communicator_sets_refused(n, case):
+    from mpi4py import MPI
+
+    n, world = int(n), MPI.COMM_WORLD
+    me = world.Get_rank()
+    if case == "not passed by a member":
+        pair = world.Split(color=0 if me < 2 else MPI.UNDEFINED, key=me)
+        sets = [ProcessSet(pair)] if me == 0 else []
+        expected = r"ranks \[0, 1\], made from an MPI communicator, was passed to init\(\) by rank\(s\) \[0\] " \
+                   r"but not by its member\(s\) \[1\]"
+    elif case == "not a member":
+        pair = world.Split(color=0 if me < 2 else MPI.UNDEFINED, key=me)
+        sets = [ProcessSet(pair)]  # COMM_NULL on the ranks outside the pair
+        expected = rf"rank {n - 1}: its ProcessSet was made from MPI.COMM_NULL"
+    else:  # the same ranks from a list and from a communicator
+        sets = [ProcessSet(range(n)), ProcessSet(world)]
+        expected = r"rank 0 passed the process set of ranks \[0, 1, 2\] twice"
+    with pytest.raises(ValueError, match=expected):
+        core.init(process_sets=sets)
+    # Every rank failed the same way, before starting anything, and may initialize again.
+    assert not core.is_initialized()
+    core.init()
+    assert core.allgather_object(me) == list(range(n))
+    core.shutdown()
+
+
 def check_dynamic_sets(n):
     n = int(n)
     core.init()
@@ -130,11 +181,21 @@ def test_dynamic_process_sets_are_added_checked_and_removed_on_every_rank(mpirun
     mpirun(3, check_dynamic_sets, 3, env={"HOROVOD_DYNAMIC_PROCESS_SETS": "1"})
 
 
+@pytest.mark.parametrize("n", [3, 4])
+def test_sets_made_from_communicators_are_registered_on_every_rank(mpirun, n):
+    mpirun(n, check_sets_from_communicators, n)
+
+
+@pytest.mark.parametrize("case", ["not passed by a member", "not a member", "twice"])
+def test_bad_sets_from_communicators_fail_on_every_rank(mpirun, case):
+    mpirun(3, check_communicator_sets_refused, 3, case)
+
+
 @pytest.mark.parametrize("ranks, message", [
     ("01", "must be integers"),
     ([0, 1.5], "must be integers"),
     ([1, 1], "must be distinct"),
-    (3, "made from a list of ranks"),
+    (3, "made from a list of ranks or an mpi4py communicator, got int"),
 ])
 def test_a_bad_process_set_is_refused_when_made(ranks, message):
     with pytest.raises(ValueError, match=message):
