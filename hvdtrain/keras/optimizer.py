@@ -38,9 +38,35 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         gradient_reduction(name or f"Distributed{base.__name__}", compression, sparse_as_dense, op,
                            gradient_predivide_factor, num_groups, groups, process_set),
         backward_passes_per_step, average_aggregated_gradients)
+    return _distributed_class(base, settings).from_config(optimizer.get_config())
+
+
+def load_model(filepath, custom_optimizers=None, custom_objects=None, compression=Compression.none):
+    """Load a compiled Keras model saved with `model.save` (by a DistributedOptimizer or any
+    other), its optimizer made a DistributedOptimizer that keeps the saved state (iterations,
+    slots), so that training resumes where it stopped. `custom_optimizers`: optimizer classes
+    of your own that the file names."""
+    objects = {cls.__name__: cls for cls in custom_optimizers or ()}
+    objects.update(custom_objects or {})
+    model = tf.keras.models.load_model(filepath, custom_objects=objects)
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None:
+        raise ValueError(f"load_model: {filepath} holds a model saved without an optimizer (it was not compiled); "
+                         "load it with tf.keras.models.load_model and compile it with a DistributedOptimizer")
+    base = type(optimizer)
+    settings = _Settings(gradient_reduction(f"Distributed{base.__name__}", compression, False, Average, 1.0, 0, None,
+                                            global_process_set), 1, False)
+    # The loaded instance holds the saved state: it becomes distributed in place, since the
+    # distributed class only adds methods to its own class.
+    optimizer.__class__ = _distributed_class(base, settings)
+    return model
+
+
+def _distributed_class(base, settings):
+    """A subclass of the optimizer class `base`, named like it (a model saved with it loads
+    without hvdtrain), that reduces gradients as `settings` say before applying them."""
     updates = _Keras3Updates if _is_keras3(base) else _Keras2Updates
-    distributed_class = type(base.__name__, (updates, base), {"__module__": base.__module__, "_hvdtrain": settings})
-    return distributed_class.from_config(optimizer.get_config())
+    return type(base.__name__, (updates, base), {"__module__": base.__module__, "_hvdtrain": settings})
 
 
 @dataclass(frozen=True)
