@@ -27,9 +27,9 @@ from .settings import Settings, from_environment
 __all__ = [
     "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank", "cross_size",
     "cross_rank", "is_homogeneous", "topology", "mpi_threads_supported", "allreduce_async",
-    "grouped_allreduce_async", "allgather_async", "broadcast_async", "alltoall_async",
-    "reducescatter_async", "barrier", "join", "broadcast_object", "allgather_object", "start_timeline",
-    "stop_timeline", "ReduceOp", "Handle", "HorovodInternalError", "TensorMismatchError",
+    "grouped_allreduce_async", "allgather_async", "grouped_allgather_async", "broadcast_async",
+    "alltoall_async", "reducescatter_async", "grouped_reducescatter_async", "barrier", "join",
+    "broadcast_object", "allgather_object", "start_timeline", "stop_timeline", "ReduceOp", "Handle", "HorovodInternalError", "TensorMismatchError",
     "HostsUpdatedInterrupt", "Settings", "ProcessSet", "global_process_set", "add_process_set",
     "remove_process_set",
 ]
@@ -173,6 +173,11 @@ def allgather_async(array, name=None, process_set=None) -> Handle:
     return running_engine(process_set).submit(Kind.ALLGATHER, array, name=name)
 
 
+def grouped_allgather_async(arrays, name=None, process_set=None):
+    """Allgather a list of arrays as one group, negotiated together."""
+    return running_engine(process_set).submit_group(Kind.ALLGATHER, arrays, name=name)
+
+
 def broadcast_async(array, root_rank, name=None, output=None, process_set=None) -> Handle:
     """Copy `root_rank`'s `array` into `output` (default: `array` itself) on every rank."""
     return running_engine(process_set).submit(Kind.BROADCAST, array, name=name, output=output, root=root_rank)
@@ -197,10 +202,22 @@ def reducescatter_async(array, name=None, op=ReduceOp.AVERAGE, prescale_factor=1
                         postscale_factor=1.0, process_set=None) -> Handle:
     """Reduce `array` across ranks and give each rank its share of the first dimension
     (the first `dim % size` ranks get one extra row)."""
-    if ReduceOp(op) not in (ReduceOp.SUM, ReduceOp.AVERAGE, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT):
-        raise ValueError(f"reducescatter: unsupported op {op!r}")
+    _check_reducescatter_op(op)
     return running_engine(process_set).submit(Kind.REDUCESCATTER, array, name=name, op=op,
                                               prescale=prescale_factor, postscale=postscale_factor)
+
+
+def grouped_reducescatter_async(arrays, name=None, op=ReduceOp.AVERAGE, prescale_factor=1.0,
+                                postscale_factor=1.0, process_set=None):
+    """Reducescatter a list of arrays as one group, negotiated together."""
+    _check_reducescatter_op(op)
+    return running_engine(process_set).submit_group(Kind.REDUCESCATTER, arrays, name=name, op=op,
+                                                    prescale=prescale_factor, postscale=postscale_factor)
+
+
+def _check_reducescatter_op(op):
+    if ReduceOp(op) not in (ReduceOp.SUM, ReduceOp.AVERAGE, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT):
+        raise ValueError(f"reducescatter: unsupported op {op!r}")
 
 
 def barrier(process_set=None):

@@ -209,6 +209,22 @@ def allgather_async(tensor, name=None, process_set=global_process_set):
     return _register([handle], lambda results: _tensor(results[0]))
 
 
+def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
+    """Start allgathering a list of tensors as one group; synchronize() gives the list."""
+    handles = core.grouped_allgather_async([_array(_source(t, False)) for t in tensors], name=name,
+                                           process_set=process_set)
+    return _register(handles, lambda results: [_tensor(r) for r in results])
+
+
+def _allgather_grads(grad_outputs, rows, process_set):
+    """Gradients of allgathered tensors of `rows` rows each on this rank: the incoming gradients
+    averaged over the ranks, then this rank's rows of each."""
+    grads = grouped_allreduce(list(grad_outputs), op=Average, process_set=process_set)
+    rows_by_rank = allgather(torch.tensor([rows], dtype=torch.int64), process_set=process_set)
+    offsets = rows_by_rank[:process_set.rank()].sum(dim=0).tolist()
+    return [g.narrow(0, offset, n) for g, offset, n in zip(grads, offsets, rows)]
+
+
 class HorovodAllgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, process_set):
@@ -217,15 +233,28 @@ class HorovodAllgather(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad = allreduce(grad_output, op=Average, process_set=ctx.process_set)
-        rows = allgather(torch.tensor([ctx.rows], dtype=torch.int64), process_set=ctx.process_set)
-        offset = int(rows[:ctx.process_set.rank()].sum())
-        return grad.narrow(0, offset, ctx.rows), None, None
+        return _allgather_grads([grad_output], [ctx.rows], ctx.process_set)[0], None, None
 
 
 def allgather(tensor, name=None, process_set=global_process_set):
     """Concatenate every rank's `tensor` along dimension 0; differentiable."""
     return HorovodAllgather.apply(tensor, name, process_set)
+
+
+class HorovodGroupedAllgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, process_set, *tensors):
+        ctx.rows, ctx.process_set = [t.shape[0] for t in tensors], process_set
+        return tuple(synchronize(grouped_allgather_async(list(tensors), name, process_set)))
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        return (None, None, *_allgather_grads(grad_outputs, ctx.rows, ctx.process_set))
+
+
+def grouped_allgather(tensors, name=None, process_set=global_process_set):
+    """Allgather a list of tensors as one group (negotiated together); differentiable."""
+    return list(HorovodGroupedAllgather.apply(name, process_set, *tensors))
 
 
 # ----------------------------------------------------------------------------- broadcast
@@ -319,6 +348,23 @@ def reducescatter_async(tensor, name=None, op=Average, prescale_factor=1.0, post
     return _register([handle], lambda results: _tensor(results[0]))
 
 
+def grouped_reducescatter_async(tensors, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0,
+                                process_set=global_process_set):
+    """Start reducescattering a list of tensors as one group; synchronize() gives the list."""
+    handles = core.grouped_reducescatter_async([_array(_source(t, False)) for t in tensors], name=name, op=op,
+                                               prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                                               process_set=process_set)
+    return _register(handles, lambda results: [_tensor(r) for r in results])
+
+
+def _reducescatter_grads(ctx, grad_outputs):
+    """Gradients of reducescattered tensors: every rank's share of the incoming gradients,
+    gathered back, scaled as the forward pass scaled."""
+    grads = grouped_allgather(list(grad_outputs), process_set=ctx.process_set)
+    scale = ctx.scale / ctx.process_set.size() if ctx.op == Average else ctx.scale
+    return [g * scale for g in grads]
+
+
 class HorovodReducescatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, process_set):
@@ -328,10 +374,7 @@ class HorovodReducescatter(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad = allgather(grad_output, process_set=ctx.process_set) * ctx.scale
-        if ctx.op == Average:
-            grad = grad / ctx.process_set.size()
-        return grad, None, None, None, None, None
+        return _reducescatter_grads(ctx, [grad_output])[0], None, None, None, None, None
 
 
 def reducescatter(tensor, name=None, compression=Compression.none, op=Average, prescale_factor=1.0,
@@ -341,6 +384,28 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average, p
     compressed, context = compression.compress(tensor)
     reduced = HorovodReducescatter.apply(compressed, name, op, prescale_factor, postscale_factor, process_set)
     return compression.decompress(reduced, context)
+
+
+class HorovodGroupedReducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, op, prescale_factor, postscale_factor, process_set, *tensors):
+        ctx.op, ctx.process_set = op, process_set
+        ctx.scale = prescale_factor * postscale_factor
+        return tuple(synchronize(grouped_reducescatter_async(list(tensors), name, op, prescale_factor,
+                                                             postscale_factor, process_set)))
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        return (None, None, None, None, None, *_reducescatter_grads(ctx, grad_outputs))
+
+
+def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average, prescale_factor=1.0,
+                          postscale_factor=1.0, process_set=global_process_set):
+    """Reducescatter a list of tensors as one group (negotiated together); differentiable."""
+    compressed = [compression.compress(t) for t in tensors]
+    reduced = HorovodGroupedReducescatter.apply(name, op, prescale_factor, postscale_factor, process_set,
+                                                *[c for c, _ in compressed])
+    return [compression.decompress(r, context) for r, (_, context) in zip(reduced, compressed)]
 
 
 # ----------------------------------------------------------------------------- coordination

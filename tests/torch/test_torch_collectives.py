@@ -116,6 +116,44 @@ def _check_gradients(hvd, n, r):
     assert torch.equal(x.grad, torch.tensor([[float(r + 10 * k)] for k in range(n)]))
 
 
+def _check_grouped_allgather_and_reducescatter(hvd, n, r):
+    """The grouped forms give each member the result of its single form, in order, with
+    gradients like theirs; the members differ in rows, dtype and shape."""
+    a = torch.full((r + 1, 2), r, dtype=torch.int32)
+    b = torch.arange(2 * (n - r), dtype=torch.float64).reshape(n - r, 2, 1) + r
+    ga, gb = hvd.grouped_allgather([a, b], name="grouped.gather")
+    assert torch.equal(ga, torch.cat([torch.full((k + 1, 2), k, dtype=torch.int32) for k in range(n)]))
+    assert torch.equal(gb, torch.cat([torch.arange(2 * (n - k), dtype=torch.float64).reshape(n - k, 2, 1) + k
+                                      for k in range(n)]))
+    handle = hvd.grouped_allgather_async([a], name="grouped.gather.async")
+    assert torch.equal(hvd.synchronize(handle)[0], ga)
+
+    x = torch.arange(2 * n + 1, dtype=torch.float64).unsqueeze(1) * (r + 1)
+    y = torch.ones(n, 3, dtype=torch.float32) * (r + 1)
+    sx, sy = hvd.grouped_reducescatter([x, y], op=hvd.Sum, postscale_factor=2.0)
+    start, rows_here = 2 * r + min(r, 1), 3 if r == 0 else 2
+    total = n * (n + 1) / 2
+    assert torch.equal(sx, torch.arange(start, start + rows_here, dtype=torch.float64).unsqueeze(1) * total * 2)
+    assert torch.equal(sy, torch.full((1, 3), total * 2, dtype=torch.float32))
+    averaged = hvd.synchronize(hvd.grouped_reducescatter_async([y], name="grouped.rs.async"))[0]
+    assert torch.allclose(averaged, torch.full((1, 3), total / n))
+
+    # Gradients: allgather's as in _check_gradients, member by member.
+    xa = torch.ones(r + 1, 3, requires_grad=True)
+    xb = torch.ones(2, requires_grad=True)
+    out_a, out_b = hvd.grouped_allgather([xa, xb])
+    torch.autograd.backward([out_a, out_b], [torch.cat([torch.full((k + 1, 3), float(k)) for k in range(n)]),
+                                             torch.arange(2.0 * n)])
+    assert torch.equal(xa.grad, torch.full((r + 1, 3), float(r)))
+    assert torch.equal(xb.grad, torch.tensor([2.0 * r, 2.0 * r + 1]))
+    # Reducescatter with Average: the gathered output gradients divided by the size.
+    xs = [torch.ones(2 * n, 1, requires_grad=True), torch.ones(n, requires_grad=True)]
+    outs = hvd.grouped_reducescatter(xs, op=hvd.Average)
+    torch.autograd.backward(outs, [torch.full((2, 1), float(r)), torch.full((1,), float(r))])
+    assert torch.equal(xs[0].grad, torch.cat([torch.full((2, 1), float(k) / n) for k in range(n)]))
+    assert torch.equal(xs[1].grad, torch.tensor([float(k) / n for k in range(n)]))
+
+
 def _check_join_and_errors(hvd, n, r):
     # Rank 0 runs out of data first; the others keep averaging with zeros from it.
     for step in range(r):
@@ -138,6 +176,7 @@ def ranks_collectives():
     _check_allreduce(hvd, n, r)
     _check_other_collectives(hvd, n, r)
     _check_gradients(hvd, n, r)
+    _check_grouped_allgather_and_reducescatter(hvd, n, r)
     _check_join_and_errors(hvd, n, r)
     hvd.barrier()
 
