@@ -391,6 +391,19 @@ def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=glob
     return core.broadcast_object(obj, root_rank, name=name, process_set=process_set)
 
 
+def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=global_process_set):
+    """A function that broadcasts its argument as broadcast_object(obj, root_rank) does."""
+    _reject_session(session)
+    return lambda obj: broadcast_object(obj, root_rank, name=name, process_set=process_set)
+
+
+def broadcast_global_variables(root_rank):
+    """Horovod's TF1 form: TensorFlow 2 keeps no collection of global variables (Horovod
+    refuses it under eager execution too)."""
+    raise RuntimeError("broadcast_global_variables() needs TF1's global variables, which TensorFlow 2 does not "
+                       "keep: use hvd.broadcast_variables(model.variables + optimizer.variables, root_rank)")
+
+
 def allgather_object(obj, session=None, name=None, process_set=global_process_set):
     """The list of every rank's picklable object, in rank order. `session` (TF1) is not supported."""
     _reject_session(session)
@@ -404,6 +417,19 @@ def _reject_session(session):
 
 def size_op(process_set_id=0, name=None):
     return tf.constant(process_set_by_id(process_set_id).size(), tf.int32, name=name)
+
+
+def process_set_included_op(process_set_id=0, name=None):
+    """1 where this rank belongs to the process set of that id, else 0."""
+    return tf.constant(int(process_set_by_id(process_set_id).included()), tf.int32, name=name)
+
+
+def cross_size_op(name=None):
+    return tf.constant(core.cross_size(), tf.int32, name=name)
+
+
+def cross_rank_op(name=None):
+    return tf.constant(core.cross_rank(), tf.int32, name=name)
 
 
 def local_size_op(name=None):

@@ -252,10 +252,15 @@ def check_process_set(tf, hvd, ends):
     """Collectives, their gradients and DistributedGradientTape within the set of ranks 0 and 2;
     rank 1, outside it, is refused."""
     r = hvd.rank()
+    assert int(hvd.process_set_included_op(1)) == (r != 1) and int(hvd.process_set_included_op()) == 1
+    assert (int(hvd.cross_rank_op()), int(hvd.cross_size_op())) == (hvd.cross_rank(), hvd.cross_size())
     if not ends.included():
         with pytest.raises(ValueError, match=r"rank 1 is not a member of process set 1 \(ranks \[0, 2\]\)"):
             hvd.allreduce(tf.ones(2), process_set=ends)
+        with pytest.raises(RuntimeError, match="hvd.broadcast_variables"):
+            hvd.broadcast_global_variables(0)
         return
+    assert hvd.broadcast_object_fn(root_rank=2, name="set.object", process_set=ends)(f"from {r}") == "from 2"
     position = ends.rank()
 
     def compute():
