@@ -2,11 +2,12 @@
 
     mpirun -np 2 python scripts/bench_allreduce.py --model resnet101
 
-Measures, with the gradient shapes of a torchvision model (ResNet-101: 314 tensors, 178 MB):
-  (b) the best raw mpi4py Allreduce of the same bytes: one flat buffer, or the buffer in
+Measures, with the gradients of a torchvision model (ResNet-101: 314 tensors, 178 MB) laid out
+as hvdtrain.torch's DistributedOptimizer lays them out (views of one flat bucket):
+  (b) the best raw mpi4py Allreduce of the same bytes (the bucket itself): in one call, or in
       pieces of 16, 4 or 1 MiB; measured while no engine runs;
   (a) the engine reducing the list of named tensors (default settings);
-  (c) the engine with fusion off (HOROVOD_FUSION_THRESHOLD=0).
+  (c) the engine with fusion off (HOROVOD_FUSION_THRESHOLD=0), on separately allocated tensors.
 The machine's speed drifts by tens of percent within minutes, so the run is made of --rounds
 rounds, each timing raw MPI and then every engine variant (median of --repeats timed runs
 after --warmup, all ranks starting together). A ratio is taken within a round; the figures
@@ -25,11 +26,32 @@ import numpy as np
 MIB = 1 << 20
 
 
-def gradient_shapes(model_name):
+def gradient_bucket(model_name):
+    """[(name, NumPy view of the gradient)] and the flat bucket holding them, allocated as
+    hvdtrain.torch's DistributedOptimizer allocates it."""
     import torchvision
 
-    model = getattr(torchvision.models, model_name)()
-    return [(name, tuple(p.shape)) for name, p in model.named_parameters()]
+    from hvdtrain.torch.optimizer import _GradientBuckets
+
+    named = list(getattr(torchvision.models, model_name)().named_parameters())
+    buckets = _GradientBuckets([p for _, p in named], "gradients")
+    bucket = buckets.spec[named[0][1]][1]  # every parameter is float32: one bucket
+    bucket[...] = 1
+    return [(name, buckets.arrays[p]) for name, p in named], bucket
+
+
+def on_small_pages(in_bucket, bucket):
+    """The same tensors in a bucket from torch.zeros, whose memory gets 4 KiB pages, as
+    hvdtrain.torch allocated buckets before it asked for huge pages."""
+    import torch
+
+    flat = torch.zeros(bucket.size, dtype=torch.float32).numpy()
+    flat[...] = 1
+    views, offset = [], 0
+    for name, array in in_bucket:
+        views.append((name, flat[offset:offset + array.size].reshape(array.shape)))
+        offset += array.size
+    return views, flat
 
 
 @contextlib.contextmanager
@@ -58,11 +80,11 @@ def median_time(run, warmup, repeats, barrier):
     return statistics.median(times)
 
 
-def raw_mpi_best(total_elements, warmup, repeats):
+def raw_mpi_best(flat, warmup, repeats):
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
-    flat = np.ones(total_elements, np.float32)
+    total_elements = flat.size
     results = {}
     for label, piece_bytes in (("flat", None), ("16MiB", 16 * MIB), ("4MiB", 4 * MIB), ("1MiB", MIB)):
         step = total_elements if piece_bytes is None else piece_bytes // 4
@@ -95,14 +117,15 @@ def engine_time(tensors, op, warmup, repeats, bucket=None):
     return seconds
 
 
-def one_round(tensors, in_bucket, bucket, total_elements, warmup, repeats):
+def one_round(tensors, in_bucket, bucket, small_pages, warmup, repeats):
     """Every variant once, raw MPI first: {"raw": {...}, "engine": {...}, "negotiation": {...}}."""
     from hvdtrain import core
 
     SUM, AVERAGE = core.ReduceOp.SUM, core.ReduceOp.AVERAGE
-    raw = raw_mpi_best(total_elements, warmup, repeats)
+    raw = raw_mpi_best(bucket, warmup, repeats)
     engine = {
         "bucket_sum": engine_time(in_bucket, SUM, warmup, repeats, bucket),
+        "bucket_sum_small_pages": engine_time(small_pages[0], SUM, warmup, repeats, small_pages[1]),
         "bucket_average": engine_time(in_bucket, AVERAGE, warmup, repeats, bucket),
         "separate_sum": engine_time(tensors, SUM, warmup, repeats),
     }
@@ -126,17 +149,11 @@ def main():
     parser.add_argument("--json", help="also write the results to this file (rank 0)")
     args = parser.parse_args()
 
-    shapes = gradient_shapes(args.model)
-    total_elements = sum(int(np.prod(shape)) for _, shape in shapes)
-    separate = [(name, np.ones(shape, np.float32)) for name, shape in shapes]
-    bucket = np.ones(total_elements, np.float32)
-    in_bucket, offset = [], 0
-    for name, shape in shapes:
-        size = int(np.prod(shape))
-        in_bucket.append((name, bucket[offset:offset + size].reshape(shape)))
-        offset += size
+    in_bucket, bucket = gradient_bucket(args.model)
+    separate = [(name, np.ones(array.shape, np.float32)) for name, array in in_bucket]
 
-    rounds = [one_round(separate, in_bucket, bucket, total_elements, args.warmup, args.repeats)
+    small_pages = on_small_pages(in_bucket, bucket)
+    rounds = [one_round(separate, in_bucket, bucket, small_pages, args.warmup, args.repeats)
               for _ in range(args.rounds)]
     from mpi4py import MPI
 
@@ -152,8 +169,8 @@ def main():
     report = {
         "model": args.model,
         "ranks": MPI.COMM_WORLD.Get_size(),
-        "tensors": len(shapes),
-        "megabytes": round(total_elements * 4 / 1e6, 1),
+        "tensors": len(in_bucket),
+        "megabytes": round(bucket.nbytes / 1e6, 1),
         "rounds": args.rounds,
         "raw_mpi_ms": {k: round(median_ms("raw", k), 2) for k in raw_labels},
         "raw_mpi_best_ms": round(statistics.median(min(r["raw"].values()) for r in rounds) * 1e3, 2),
@@ -163,7 +180,7 @@ def main():
         "ratio_by_round": {k: [round(r["ratio"][k], 3) for r in rounds] for k in engine_labels},
         "negotiation_ms": {k: round(median_ms("negotiation", k), 3) for k in ("cached", "uncached")},
     }
-    print(f"{args.model}: {len(shapes)} tensors, {report['megabytes']} MB, {report['ranks']} ranks; "
+    print(f"{args.model}: {len(in_bucket)} tensors, {report['megabytes']} MB, {report['ranks']} ranks; "
           f"{args.rounds} rounds of raw MPI then the engine, each a median of {args.repeats} after "
           f"{args.warmup} warm-up; medians over the rounds")
     for label, ms in report["raw_mpi_ms"].items():
@@ -171,6 +188,7 @@ def main():
     print(f"  (b) best raw MPI in each round:             {report['raw_mpi_best_ms']:8.2f} ms")
     labels = {
         "bucket_sum": "(a) engine, Sum, gradients in a bucket",
+        "bucket_sum_small_pages": "    engine, Sum, bucket on 4 KiB pages",
         "bucket_average": "    engine, Average, gradients in a bucket",
         "separate_sum": "    engine, Sum, separate tensors",
         "separate_sum_fusion_off": "(c) engine, Sum, separate, fusion off",
@@ -179,7 +197,7 @@ def main():
         rounds_text = " ".join(f"{x:.2f}" for x in report["ratio_by_round"][key])
         print(f"  {label:<42} {report['engine_ms'][key]:8.2f} ms   (b)/this = "
               f"{report['ratio_best_raw_over_engine'][key]:.3f}  (rounds: {rounds_text})")
-    print(f"  negotiation of {len(shapes)} one-element tensors: {report['negotiation_ms']['cached']:.2f} ms with "
+    print(f"  negotiation of {len(in_bucket)} one-element tensors: {report['negotiation_ms']['cached']:.2f} ms with "
           f"the response cache, {report['negotiation_ms']['uncached']:.2f} ms through the coordinator "
           f"(HOROVOD_CACHE_CAPACITY=0)")
     if args.json:

@@ -13,6 +13,7 @@ consequence zero_grad() zeroes these gradients instead of setting them to None.
 
 import collections
 import itertools
+import mmap
 import warnings
 from contextlib import contextmanager
 
@@ -45,7 +46,7 @@ class _GradientBuckets:
             if p.device.type == "cpu" and p.layout == torch.strided:
                 by_dtype.setdefault(p.dtype, []).append(p)
         for dtype, members in by_dtype.items():
-            flat = torch.zeros(sum(p.numel() for p in members), dtype=dtype)
+            flat = _huge_page_zeros(sum(p.numel() for p in members), dtype)
             spec = (f"{prefix}.{str(dtype).replace('torch.', '')}", mpi_ops._array(flat))
             offset = 0
             for p in members:
@@ -72,6 +73,29 @@ class _GradientBuckets:
             flat.zero_()
         for p, view in self.view.items():
             p.grad = view
+
+
+HUGE_PAGE_BYTES = 2 << 20
+
+
+def _huge_page_zeros(numel, dtype):
+    """A flat tensor of zeros on transparent huge pages where Linux offers them. MPI's
+    shared-memory transport reduced ResNet-101's 178 MB of gradients 1.3x as fast from huge
+    pages as from torch's own allocation, which gets 4 KiB pages (README, "Benchmarks")."""
+    nbytes = numel * torch.empty(0, dtype=dtype).element_size()
+    # A smaller bucket would still get (and fill) a whole huge page.
+    if nbytes < HUGE_PAGE_BYTES or not hasattr(mmap, "MADV_HUGEPAGE"):
+        return torch.zeros(numel, dtype=dtype)
+    # Private anonymous memory comes zero-filled; one huge page more lets the tensor start on a
+    # huge-page boundary, which the kernel needs to back it with huge pages from its first byte.
+    memory = mmap.mmap(-1, nbytes + HUGE_PAGE_BYTES, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        memory.madvise(mmap.MADV_HUGEPAGE)
+    except OSError:  # a kernel without transparent huge pages: 4 KiB pages, as torch's
+        pass
+    whole = torch.frombuffer(memory, dtype=torch.uint8)
+    start = -whole.data_ptr() % HUGE_PAGE_BYTES
+    return whole[start:start + nbytes].view(dtype)
 
 
 class _DistributedOptimizer:

@@ -32,7 +32,7 @@ def check_allgather(n, me):
 
 
 def check_broadcast(n, me):
-    big = 5 * 1024 * 1024 + 3  # above the 4 MiB chunk: sent in pieces
+    big = 5 * 1024 * 1024 + 3  # above the 1 MiB chunk: sent in pieces
     for root in range(n):
         for d, (dtype, shape) in enumerate((("float32", ()), ("bfloat16", (5,)), ("int64", (3, 4)),
                                             ("uint8", (big,)), ("float64", (2, 2, 2)))):

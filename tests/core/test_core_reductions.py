@@ -24,7 +24,7 @@ from hvdtrain.core.requests import numpy_dtype
 
 DTYPES = ("uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64")
 SMALL_SHAPES = ((), (7,), (3, 5), (2, 3, 4))
-# Above the 4 MiB chunk: reduced where it lies, in pieces (Sum and Average with a postscale through
+# Above the 1 MiB chunk: reduced where it lies, in pieces (Sum and Average with a postscale through
 # the backend's ring, which scales each segment as it completes it); the small ones are fused.
 LARGE_BYTES = 5 * 1024 * 1024 + 1000
 # (op, prescale_factor, postscale_factor). On integers the factors truncate toward zero.

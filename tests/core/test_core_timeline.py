@@ -6,8 +6,10 @@ import json
 import numpy as np
 
 from hvdtrain import core
+from hvdtrain.core import Settings
 
-LARGE_ELEMENTS = 5 * 1024 * 1024 // 4  # 5 MiB of float32: two pieces of at most 4 MiB, no fusion buffer
+# One and a half chunks of float32: reduced where it lies in two pieces, no fusion buffer.
+LARGE_ELEMENTS = Settings.chunk_bytes * 3 // 2 // 4
 ALLREDUCE_PACKED = {"NEGOTIATE_ALLREDUCE", "ALLREDUCE", "QUEUE", "MEMCPY_IN_FUSION_BUFFER", "MPI_ALLREDUCE",
                     "MEMCPY_OUT_FUSION_BUFFER"}
 
