@@ -9,9 +9,10 @@ as hvdtrain.torch's DistributedOptimizer lays them out (views of one flat bucket
   (a) the engine reducing the list of named tensors (default settings);
   (c) the engine with fusion off (HOROVOD_FUSION_THRESHOLD=0), on separately allocated tensors.
 The machine's speed drifts by tens of percent within minutes, so the run is made of --rounds
-rounds, each timing raw MPI and then every engine variant (median of --repeats timed runs
-after --warmup, all ranks starting together). A ratio is taken within a round; the figures
-printed are medians over the rounds. Ratios above 1 mean the engine is faster.
+rounds, each timing raw MPI and then every engine variant, in an order that rotates between
+rounds (each a median of --repeats timed runs after --warmup, all ranks starting together).
+A ratio is taken within a round; the figures printed are medians over the rounds. Ratios
+above 1 mean the engine is faster.
 """
 
 import argparse
@@ -117,20 +118,29 @@ def engine_time(tensors, op, warmup, repeats, bucket=None):
     return seconds
 
 
-def one_round(tensors, in_bucket, bucket, small_pages, warmup, repeats):
-    """Every variant once, raw MPI first: {"raw": {...}, "engine": {...}, "negotiation": {...}}."""
+def one_round(index, tensors, in_bucket, bucket, small_pages, warmup, repeats):
+    """Raw MPI, then every engine variant once: {"raw": {...}, "engine": {...}, "negotiation": {...}}.
+    The machine can slow down within a round, so round `index` starts the engine variants at
+    the index-th, and none of them is always last."""
     from hvdtrain import core
 
     SUM, AVERAGE = core.ReduceOp.SUM, core.ReduceOp.AVERAGE
     raw = raw_mpi_best(bucket, warmup, repeats)
-    engine = {
-        "bucket_sum": engine_time(in_bucket, SUM, warmup, repeats, bucket),
-        "bucket_sum_small_pages": engine_time(small_pages[0], SUM, warmup, repeats, small_pages[1]),
-        "bucket_average": engine_time(in_bucket, AVERAGE, warmup, repeats, bucket),
-        "separate_sum": engine_time(tensors, SUM, warmup, repeats),
-    }
-    with environment(HOROVOD_FUSION_THRESHOLD="0"):
-        engine["separate_sum_fusion_off"] = engine_time(tensors, SUM, warmup, repeats)
+    variants = [
+        ("bucket_sum", lambda: engine_time(in_bucket, SUM, warmup, repeats, bucket)),
+        ("bucket_sum_small_pages", lambda: engine_time(small_pages[0], SUM, warmup, repeats, small_pages[1])),
+        ("bucket_average", lambda: engine_time(in_bucket, AVERAGE, warmup, repeats, bucket)),
+        ("separate_sum", lambda: engine_time(tensors, SUM, warmup, repeats)),
+    ]
+
+    def fusion_off():
+        with environment(HOROVOD_FUSION_THRESHOLD="0"):
+            return engine_time(tensors, SUM, warmup, repeats)
+
+    variants.append(("separate_sum_fusion_off", fusion_off))
+    start = index % len(variants)
+    engine = {name: measure() for name, measure in variants[start:] + variants[:start]}
+    engine = {name: engine[name] for name, _ in variants}
     # Negotiation alone: as many tensors, of one element each, with the response cache (one
     # bit-vector allreduce per cycle) and without it (the coordinator gathers every request).
     tiny = [(name, np.ones(1, np.float32)) for name, _ in tensors]
@@ -153,8 +163,8 @@ def main():
     separate = [(name, np.ones(array.shape, np.float32)) for name, array in in_bucket]
 
     small_pages = on_small_pages(in_bucket, bucket)
-    rounds = [one_round(separate, in_bucket, bucket, small_pages, args.warmup, args.repeats)
-              for _ in range(args.rounds)]
+    rounds = [one_round(i, separate, in_bucket, bucket, small_pages, args.warmup, args.repeats)
+              for i in range(args.rounds)]
     from mpi4py import MPI
 
     if MPI.COMM_WORLD.Get_rank() != 0:

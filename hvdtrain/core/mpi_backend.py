@@ -26,18 +26,6 @@ def _byte_view(array):
     return array.reshape(-1).view(np.uint8)
 
 
-# Average is a sum scaled by 1/size, and scaling a reduced buffer is one more pass over memory
-# (measured, 178 MB at 2 ranks: 63 ms against 50 ms for the plain sum). A ring allreduce ends
-# its reduce-scatter half with each rank holding one fully reduced segment, still in cache:
-# scaling just that segment before the allgather half costs about nothing (measured: 51 ms).
-# MPI's own reduce-scatter is several times slower than its allreduce here, so the ring is
-# written with Sendrecv, and used only where each segment is large enough for the per-call
-# cost not to matter.
-RING_MIN_SEGMENT_BYTES = 256 * 1024
-# A tuple made once: looking the members up costs about 0.4 us, and the test runs for every piece.
-_SUMMING_OPS = (ReduceOp.SUM, ReduceOp.AVERAGE)
-
-
 class MpiBackend:
     device = "cpu"
 
@@ -46,7 +34,6 @@ class MpiBackend:
 
         self._MPI = MPI
         self.comm = comm
-        self._size, self._rank = comm.Get_size(), comm.Get_rank()
         self.settings = settings
         self._ops = {
             ReduceOp.SUM: MPI.SUM,
@@ -57,7 +44,6 @@ class MpiBackend:
         }
         self._bfloat16_ops = {}
         self._fusion_buffer = np.empty(0, np.uint8)
-        self._ring_incoming = np.empty(0, np.uint8)
 
     # MPI has no bfloat16; reduce it as 16-bit words with a user-defined op that adds in
     # float32 through ml_dtypes.
@@ -89,39 +75,14 @@ class MpiBackend:
         self.comm.Allreduce(self._MPI.IN_PLACE, buffer, mpi_op)
 
     def _reduce_scaled_in_place(self, array, op, postscale):
-        if postscale == 1.0:
-            self._reduce_in_place(array, op)
-        elif (op in _SUMMING_OPS and self._size > 1
-              and array.nbytes >= self._size * RING_MIN_SEGMENT_BYTES):
-            self._ring_reduce_scaled(array, postscale)
-        else:
-            self._reduce_in_place(array, op)
+        self._reduce_in_place(array, op)
+        if postscale != 1.0:
+            # Average is a sum scaled by 1/size. Scaling each piece as soon as it is reduced, while
+            # it is still in cache, costs a fraction of one more pass over the whole result (178 MB
+            # at 2 ranks: 63 ms against 50 ms for the plain sum), and measured as fast as a ring of
+            # our own that scaled each rank's finished segment, or faster (README, "Benchmarks").
+            # Every rank scales the same sum alike, so all get the same bits.
             _scale(array, postscale)
-
-    def _ring_reduce_scaled(self, array, factor):
-        """Sum the flat `array` over the ranks in place and multiply the sum by `factor`: a ring
-        reduce-scatter, each rank scaling the segment it completed, then a ring allgather.
-        Each element is summed and scaled on one rank only, so every rank gets the same bits."""
-        size, rank, comm = self._size, self._rank, self.comm
-        right, left = (rank + 1) % size, (rank - 1) % size
-        bounds = [array.size * j // size for j in range(size + 1)]
-
-        def segment(j):
-            j %= size
-            return array[bounds[j]:bounds[j + 1]]
-
-        largest = max(bounds[j + 1] - bounds[j] for j in range(size)) * array.itemsize
-        if self._ring_incoming.nbytes < largest:
-            self._ring_incoming = np.empty(largest, np.uint8)
-        for step in range(size - 1):
-            outgoing, accumulated = segment(rank - step), segment(rank - step - 1)
-            incoming = self._ring_incoming[:accumulated.nbytes]
-            comm.Sendrecv([_byte_view(outgoing), self._MPI.BYTE], right, 0, [incoming, self._MPI.BYTE], left, 0)
-            np.add(accumulated, incoming.view(array.dtype), out=accumulated)
-        _scale(segment(rank + 1), factor)
-        for step in range(size - 1):
-            comm.Sendrecv([_byte_view(segment(rank + 1 - step)), self._MPI.BYTE], right, 1,
-                          [_byte_view(segment(rank - step)), self._MPI.BYTE], left, 1)
 
     def _reduce_into(self, source, destination, op):
         send, mpi_op = self._operands(source, op)

@@ -24,8 +24,8 @@ from hvdtrain.core.requests import numpy_dtype
 
 DTYPES = ("uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64")
 SMALL_SHAPES = ((), (7,), (3, 5), (2, 3, 4))
-# Above the 1 MiB chunk: reduced where it lies, in pieces (Sum and Average with a postscale through
-# the backend's ring, which scales each segment as it completes it); the small ones are fused.
+# Above the 1 MiB chunk: reduced where it lies, in pieces (Average and a postscale scale each piece
+# as soon as it is reduced); the small ones are fused.
 LARGE_BYTES = 5 * 1024 * 1024 + 1000
 # (op, prescale_factor, postscale_factor). On integers the factors truncate toward zero.
 REDUCTIONS = (
@@ -225,11 +225,11 @@ def test_fused_and_unfused_results_are_identical(mpirun, num_proc):
 
 def ranks_get_the_same_bits():
     """Inexact float inputs, so that the order of additions and where the scaling happens show
-    in the last bits: a large Average (the backend's ring), a large Sum (MPI), a fused Average."""
+    in the last bits: a large Average (scaled piece by piece), a large Sum, a fused Average."""
     core.init()
     n, me = core.size(), core.rank()
     rng = np.random.default_rng(me)
-    cases = {"ring average": (3 * 1024 * 1024 // 4, ReduceOp.AVERAGE), "mpi sum": (3 * 1024 * 1024 // 4, ReduceOp.SUM),
+    cases = {"large average": (3 * 1024 * 1024 // 4, ReduceOp.AVERAGE), "large sum": (3 * 1024 * 1024 // 4, ReduceOp.SUM),
              "fused average": (1000, ReduceOp.AVERAGE)}
     for label, (elements, op) in cases.items():
         inputs = rng.standard_normal(elements).astype(np.float32)

@@ -9,10 +9,16 @@ STEPS = 4
 PER_RANK_BATCH = 6
 
 
+# Wide enough that the float64 gradients fill more than 2 MiB: the optimizer's bucket then lies on
+# huge pages, as a real model's does.
+HIDDEN = 512
+
+
 def _model():
     torch.manual_seed(0)
     return torch.nn.Sequential(
-        torch.nn.Linear(7, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3)
+        torch.nn.Linear(7, HIDDEN), torch.nn.Tanh(), torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.Tanh(),
+        torch.nn.Linear(HIDDEN, 3)
     ).double()
 
 
@@ -55,6 +61,9 @@ def _check_equivalence(hvd, passes):
     expected = _train(reference, reference_opt, _batches(n, passes), lambda x, y, p: (x, y), 1)
 
     model = _model()
+    from hvdtrain.torch.optimizer import HUGE_PAGE_BYTES
+
+    assert sum(p.numel() * p.element_size() for p in model.parameters()) >= HUGE_PAGE_BYTES
     if r != 0:  # other initial weights: broadcast_parameters must replace them with rank 0's
         torch.manual_seed(100 + r)
         for p in model.parameters():
