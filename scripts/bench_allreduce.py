@@ -126,9 +126,10 @@ def one_round(index, tensors, in_bucket, bucket, small_pages, warmup, repeats):
 
     SUM, AVERAGE = core.ReduceOp.SUM, core.ReduceOp.AVERAGE
     raw = raw_mpi_best(bucket, warmup, repeats)
+    small_pages_views, small_pages_bucket = small_pages
     variants = [
         ("bucket_sum", lambda: engine_time(in_bucket, SUM, warmup, repeats, bucket)),
-        ("bucket_sum_small_pages", lambda: engine_time(small_pages[0], SUM, warmup, repeats, small_pages[1])),
+        ("bucket_sum_small_pages", lambda: engine_time(small_pages_views, SUM, warmup, repeats, small_pages_bucket)),
         ("bucket_average", lambda: engine_time(in_bucket, AVERAGE, warmup, repeats, bucket)),
         ("separate_sum", lambda: engine_time(tensors, SUM, warmup, repeats)),
     ]
