@@ -8,6 +8,8 @@ as hvdtrain.torch's DistributedOptimizer lays them out (views of one flat bucket
       pieces of 16, 4 or 1 MiB; measured while no engine runs;
   (a) the engine reducing the list of named tensors (default settings);
   (c) the engine with fusion off (HOROVOD_FUSION_THRESHOLD=0), on separately allocated tensors.
+Beside them: the same bucket submitted as one tensor, which leaves the engine's fixed cost per
+step (waking, negotiating, finishing) and takes away its cost per tensor.
 The machine's speed drifts by tens of percent within minutes, so the run is made of --rounds
 rounds, each timing raw MPI and then every engine variant, in an order that rotates between
 rounds (each a median of --repeats timed runs after --warmup, all ranks starting together).
@@ -130,6 +132,7 @@ def one_round(index, tensors, in_bucket, bucket, small_pages, warmup, repeats):
     variants = [
         ("bucket_sum", lambda: engine_time(in_bucket, SUM, warmup, repeats, bucket)),
         ("bucket_sum_small_pages", lambda: engine_time(small_pages_views, SUM, warmup, repeats, small_pages_bucket)),
+        ("bucket_sum_one_tensor", lambda: engine_time([("all", bucket)], SUM, warmup, repeats, bucket)),
         ("bucket_average", lambda: engine_time(in_bucket, AVERAGE, warmup, repeats, bucket)),
         ("separate_sum", lambda: engine_time(tensors, SUM, warmup, repeats)),
     ]
@@ -200,6 +203,7 @@ def main():
     labels = {
         "bucket_sum": "(a) engine, Sum, gradients in a bucket",
         "bucket_sum_small_pages": "    engine, Sum, bucket on 4 KiB pages",
+        "bucket_sum_one_tensor": "    engine, Sum, the bucket as one tensor",
         "bucket_average": "    engine, Average, gradients in a bucket",
         "separate_sum": "    engine, Sum, separate tensors",
         "separate_sum_fusion_off": "(c) engine, Sum, separate, fusion off",
