@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from hvdtrain import launcher
+from hvdtrain.runner import launcher
 
 SCRIPTS = Path(__file__).resolve().parent
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from hvdtrain import launcher
+from hvdtrain.runner import launcher
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent

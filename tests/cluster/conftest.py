@@ -20,7 +20,7 @@ from typing import Tuple
 
 import pytest
 
-from hvdtrain import launcher
+from hvdtrain.runner import launcher
 
 AGENT = Path(__file__).resolve().with_name("netns_agent.sh")
 HOST_COUNT = 3

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from hvdtrain import launcher
+from hvdtrain.runner import launcher
 
 RANK_MAIN = Path(__file__).resolve().parents[1] / "rank_main.py"
 

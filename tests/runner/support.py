@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from hvdtrain.config import CONF_DIR, register_configs, typed
-from hvdtrain.run_log import read_history
+from hvdtrain.runner.config import CONF_DIR, register_configs, typed
+from hvdtrain.reporting.run_log import read_history
 
 
 def compose(*overrides):
@@ -32,7 +32,7 @@ def compose(*overrides):
 
 def run_hvdtrain(*args, cwd=None, env=None, timeout=240):
     """`hvdtrain ARGS` in a subprocess, as a user runs it (a hang fails the test, not the suite)."""
-    command = [sys.executable, "-m", "hvdtrain.cli", *map(str, args)]
+    command = [sys.executable, "-m", "hvdtrain.runner.cli", *map(str, args)]
     process = subprocess.Popen(command, cwd=cwd, env={**os.environ, **(env or {})}, text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     try:
@@ -69,7 +69,7 @@ def crash_and_resume(run_dir, *args, timeout=240):
     has written two checkpoints; cut the newest one short, as if the disk had lost its end; then
     `hvdtrain resume=RUN_DIR`, which skips that checkpoint and goes on from the one before."""
     with open(run_dir.parent / "killed.log", "w") as log:
-        process = subprocess.Popen([sys.executable, "-m", "hvdtrain.cli", *args, f"hydra.run.dir={run_dir}"],
+        process = subprocess.Popen([sys.executable, "-m", "hvdtrain.runner.cli", *args, f"hydra.run.dir={run_dir}"],
                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_until(lambda: len(list((run_dir / "checkpoints").glob("step-*.ckpt"))) >= 2, timeout,

@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from hvdtrain import checkpoint
+from hvdtrain.training import checkpoint
 
 
 def decode(data):

@@ -1,9 +1,9 @@
 import pytest
 from omegaconf import OmegaConf
 
-from hvdtrain import cluster
-from hvdtrain.config import ClusterConfig, ConfigError
-from hvdtrain.launcher import Host
+from hvdtrain.runner import cluster
+from hvdtrain.runner.config import ClusterConfig, ConfigError
+from hvdtrain.runner.launcher import Host
 
 
 def layout(name, num_hosts, slots, **values):

@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from hvdtrain import cli, cluster
-from hvdtrain.config import FRAMEWORKS, RECIPES_DIR, ConfigError, progress_bar_wanted, validate
-from hvdtrain.plan import make_plan
+from hvdtrain.runner import cli, cluster
+from hvdtrain.runner.config import FRAMEWORKS, RECIPES_DIR, ConfigError, progress_bar_wanted, validate
+from hvdtrain.runner.plan import make_plan
 
 from runner.support import compose, run_hvdtrain
 
@@ -74,7 +74,7 @@ def test_dry_run_of_resnet101_on_4x4_prints_the_plan(image_tree):
     }
     assert command[0].endswith("mpirun") and command[command.index("-np") + 1] == "16"
     assert command[command.index("-H") + 1] == "h1:4,h2:4,h3:4,h4:4"
-    assert command[-3:-1] == ["-m", "hvdtrain.worker"]
+    assert command[-3:-1] == ["-m", "hvdtrain.runner.worker"]
 
 
 def test_dry_run_takes_the_hosts_of_a_slurm_allocation(image_tree):

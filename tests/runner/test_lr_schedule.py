@@ -3,8 +3,8 @@ import math
 import pytest
 from omegaconf import OmegaConf
 
-from hvdtrain.config import ScheduleConfig
-from hvdtrain.lr_schedule import learning_rate
+from hvdtrain.runner.config import ScheduleConfig
+from hvdtrain.training.lr_schedule import learning_rate
 
 
 def schedule(**values):

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from hvdtrain import sharding
+from hvdtrain.training import sharding
 
 
 @pytest.mark.parametrize("num_samples,size", [(100, 1), (100, 2), (101, 3), (1437, 4), (5, 7)])

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from hvdtrain import launcher
-from hvdtrain.run_log import read_history
+from hvdtrain.runner import launcher
+from hvdtrain.reporting.run_log import read_history
 from runner.support import crash_and_resume, history, run_hvdtrain
 
 TIMEOUT = 240
@@ -97,7 +97,7 @@ def test_resume_refuses_other_overrides(default_run):
 def test_an_imagefolder_recipe_trains_inside_an_existing_mpirun_job(image_tree, tmp_path):
     run_dir = tmp_path / "run"
     environment = launcher.worker_environment(2)
-    program = [sys.executable, "-m", "hvdtrain.cli", "recipe=resnet50_imagenet", f"data.root={image_tree}",
+    program = [sys.executable, "-m", "hvdtrain.runner.cli", "recipe=resnet50_imagenet", f"data.root={image_tree}",
                "model.num_classes=3", "data.image_size=32", "data.resize_size=36", "data.loader_workers=1",
                "train.batch_size=4", "train.epochs=1", "schedule.warmup_epochs=1", f"hydra.run.dir={run_dir}"]
     result = launcher.run(launcher.mpirun_command(program, num_proc=2, env=environment), env=environment,
@@ -115,7 +115,7 @@ def test_an_imagefolder_recipe_trains_inside_an_existing_mpirun_job(image_tree, 
 
 def test_a_bad_progress_bar_setting_inside_an_existing_mpirun_job_stops_it_cleanly(tmp_path):
     environment = {**launcher.worker_environment(2), "HVDTRAIN_PROGRESS_BAR": "maybe"}
-    program = [sys.executable, "-m", "hvdtrain.cli", f"hydra.run.dir={tmp_path / 'run'}"]
+    program = [sys.executable, "-m", "hvdtrain.runner.cli", f"hydra.run.dir={tmp_path / 'run'}"]
     result = launcher.run(launcher.mpirun_command(program, num_proc=2, env=environment), env=environment,
                           timeout=TIMEOUT, capture=True)
     assert result.returncode != 0
@@ -148,10 +148,10 @@ def ranks_validation_sums_are_exact():
     import torch.nn.functional as F
 
     import hvdtrain.torch as hvd
-    from hvdtrain.config import typed
+    from hvdtrain.runner.config import typed
     from hvdtrain.tasks.data_torch import build_datasets
     from hvdtrain.tasks.models_torch import build_model
-    from hvdtrain.train_torch import evaluate
+    from hvdtrain.training.train_torch import evaluate
 
     hvd.init()
     cfg = typed({"model": {"name": "digits_cnn", "num_classes": 10}, "data": {"source": "digits", "val_size": 360},

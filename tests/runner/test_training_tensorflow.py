@@ -9,14 +9,16 @@ import io
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from hvdtrain import launcher
-from hvdtrain.config import REPO
-from hvdtrain.run_log import read_history
+from hvdtrain.reporting.run_log import read_history
+from hvdtrain.runner import launcher
 from runner.support import crash_and_resume, history, run_hvdtrain
+
+REPO = Path(__file__).resolve().parents[2]
 
 TIMEOUT = 240
 TENSORFLOW = "recipe.framework=tensorflow"
@@ -101,13 +103,13 @@ def ranks_the_loop_keeps_the_torch_semantics(image_root):
     import tensorflow as tf
 
     import hvdtrain.tensorflow as hvd
-    from hvdtrain.config import typed
+    from hvdtrain.runner.config import typed
     from hvdtrain.tasks.data import IMAGENET_MEAN, IMAGENET_STD
     from hvdtrain.tasks.data_tensorflow import _crop_and_flip, build_datasets
     from hvdtrain.tasks.models_tensorflow import build_model
     from hvdtrain.tasks.models_torch import build_model as build_torch_model
-    from hvdtrain.train_tensorflow import SGD, _train_step, _update, evaluate
-    from hvdtrain.train_torch import _parameter_groups, _set_learning_rate
+    from hvdtrain.training.train_tensorflow import SGD, _train_step, _update, evaluate
+    from hvdtrain.training.train_torch import _parameter_groups, _set_learning_rate
 
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
@@ -225,9 +227,9 @@ def test_the_synthetic_benchmark_runs_with_tensorflow():
 
 
 @pytest.mark.parametrize("imports,absent", [
-    ("import hvdtrain.cli, hvdtrain.plan, hvdtrain.worker, hvdtrain.report, hvdtrain.run_log", ("torch", "tensorflow")),
-    ("import hvdtrain.train_torch", ("tensorflow", "keras")),
-    ("import hvdtrain.train_tensorflow", ("torch",)),
+    ("import hvdtrain.runner.cli, hvdtrain.runner.plan, hvdtrain.runner.worker, hvdtrain.reporting.report, hvdtrain.reporting.run_log", ("torch", "tensorflow")),
+    ("import hvdtrain.training.train_torch", ("tensorflow", "keras")),
+    ("import hvdtrain.training.train_tensorflow", ("torch",)),
 ])
 def test_each_loop_imports_only_its_framework(imports, absent):
     code = imports + "\nimport sys\nprint(sorted({name.split('.')[0] for name in sys.modules}))\n"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hvdtrain import launcher
+from hvdtrain.runner import launcher
 
 SCRIPTS = Path(__file__).parent / "scripts"
 IMPORT_LINES = {"horovod_tf2_digits.py": "import hvdtrain.tensorflow as hvd",

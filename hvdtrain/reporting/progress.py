@@ -12,9 +12,9 @@ import time
 import numpy as np
 
 from hvdtrain import core
-from hvdtrain.plan import summary
-from hvdtrain.report import final_summary, write_report, write_results
-from hvdtrain.run_log import RunLog
+from hvdtrain.runner.plan import summary
+from hvdtrain.reporting.report import final_summary, write_report, write_results
+from hvdtrain.reporting.run_log import RunLog
 
 
 class Progress:

@@ -1,6 +1,6 @@
 """The typed schema of a run's configuration, and the checks that stop a bad one before launch.
 
-Hydra composes `conf/config.yaml`, the config groups in `conf/` and one recipe from `recipes/`
+Hydra composes `conf/config.yaml`, the config groups in `conf/` and one recipe from `conf/recipe/`
 onto `RunConfig`; OmegaConf rejects unknown keys and wrongly typed values while composing,
 and `validate` rejects values that are well typed but wrong (a negative LR, a warmup longer
 than training, a data root that is not there), naming the key and what is allowed.
@@ -17,9 +17,9 @@ from omegaconf import MISSING, OmegaConf
 
 from hvdtrain import tasks
 
-REPO = Path(__file__).resolve().parent.parent
-CONF_DIR = REPO / "conf"
-RECIPES_DIR = REPO / "recipes"
+PACKAGE_DIR = Path(__file__).resolve().parent.parent
+CONF_DIR = PACKAGE_DIR / "conf"  # shipped inside the package, so that any install has the recipes
+RECIPES_DIR = CONF_DIR / "recipe"
 
 FRAMEWORKS = ("torch", "tensorflow")
 TARGET_METRICS = ("val_top1", "val_top5")  # accuracies in percent: higher is better
@@ -142,15 +142,12 @@ def progress_bar_wanted(environ):
 
 
 def register_configs():
-    """Put the schema and every recipe into Hydra's ConfigStore. The recipes live in `recipes/`
-    (not under `conf/`) and are offered as the group `recipe`; each one is global, so that it
-    can set any key and choose the other groups (`override /model: resnet50`)."""
+    """Put the schema into Hydra's ConfigStore. The recipes are the group `recipe` (conf/recipe/);
+    each one is global (`# @package _global_`), so that it can set any key and choose the other
+    groups (`override /model: resnet50`)."""
     from hydra.core.config_store import ConfigStore
 
-    store = ConfigStore.instance()
-    store.store(name="run_schema", node=RunConfig)
-    for path in sorted(RECIPES_DIR.glob("*.yaml")):
-        store.store(group="recipe", name=path.stem, node=OmegaConf.load(path), package="_global_")
+    ConfigStore.instance().store(name="run_schema", node=RunConfig)
 
 
 def typed(config):
@@ -199,8 +196,8 @@ def validate(cfg):
     recipe, model, data, optimizer, schedule, train = (
         cfg.recipe, cfg.model, cfg.data, cfg.optimizer, cfg.schedule, cfg.train)
     check(recipe.framework in FRAMEWORKS, "recipe.framework", f"allowed: {', '.join(FRAMEWORKS)}")
-    check(recipe.framework not in FRAMEWORKS or importlib.util.find_spec(f"hvdtrain.train_{recipe.framework}"),
-          "recipe.framework", f"no training loop for it yet (hvdtrain/train_{recipe.framework}.py)")
+    check(recipe.framework not in FRAMEWORKS or importlib.util.find_spec(f"hvdtrain.training.train_{recipe.framework}"),
+          "recipe.framework", f"no training loop for it yet (hvdtrain/training/train_{recipe.framework}.py)")
     if recipe.target is not None:
         check(recipe.target.metric in TARGET_METRICS, "recipe.target.metric", f"allowed: {', '.join(TARGET_METRICS)}")
 

@@ -6,8 +6,8 @@ prints it as JSON; the workers derive the same numbers from the same functions.
 from dataclasses import asdict, dataclass, field
 from typing import List, Optional
 
-from hvdtrain.config import ConfigError
-from hvdtrain.launcher import Host
+from hvdtrain.runner.config import ConfigError
+from hvdtrain.runner.launcher import Host
 
 
 @dataclass(frozen=True)

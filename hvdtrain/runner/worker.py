@@ -1,9 +1,9 @@
 """A rank of a training job.
 
 `hvdtrain` writes the resolved config into the run directory and starts
-`python -m hvdtrain.worker RUN_DIR` on every rank with mpirun; each rank loads that config.yaml
+`python -m hvdtrain.runner.worker RUN_DIR` on every rank with mpirun; each rank loads that config.yaml
 (never composing its own) and runs the training loop of the recipe's framework,
-hvdtrain/train_<framework>.py. When `hvdtrain` itself is started by mpirun or srun, every rank
+hvdtrain/training/train_<framework>.py. When `hvdtrain` itself is started by mpirun or srun, every rank
 has composed the config, and `train_in_existing_job` makes rank 0's config and run directory
 the run's.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from hvdtrain.config import ConfigError, claim_run_dir, load_run_config, typed
+from hvdtrain.runner.config import ConfigError, claim_run_dir, load_run_config, typed
 
 RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
 
@@ -48,7 +48,7 @@ def train_in_existing_job(cfg, run_dir):
 
 def _train_or_exit(cfg, run_dir):
     try:
-        loop = importlib.import_module(f"hvdtrain.train_{cfg.recipe.framework}")
+        loop = importlib.import_module(f"hvdtrain.training.train_{cfg.recipe.framework}")
         loop.train(cfg, run_dir)
     except BaseException as error:
         traceback.print_exc()

@@ -10,7 +10,7 @@ import os
 import warnings
 from pathlib import Path
 
-from hvdtrain.config import config_hash
+from hvdtrain.runner.config import config_hash
 
 PATTERN = "step-*.ckpt"
 

@@ -27,11 +27,11 @@ import numpy as np
 import tensorflow as tf
 
 import hvdtrain.tensorflow as hvd
-from hvdtrain import checkpoint, sharding
-from hvdtrain.cluster import job_hosts
-from hvdtrain.lr_schedule import learning_rate
-from hvdtrain.plan import make_plan
-from hvdtrain.progress import Progress
+from hvdtrain.training import checkpoint, sharding
+from hvdtrain.runner.cluster import job_hosts
+from hvdtrain.training.lr_schedule import learning_rate
+from hvdtrain.runner.plan import make_plan
+from hvdtrain.reporting.progress import Progress
 from hvdtrain.tasks.data_tensorflow import build_datasets
 from hvdtrain.tasks.models_tensorflow import build_model
 

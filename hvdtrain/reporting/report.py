@@ -5,7 +5,7 @@ closing summary on the console. Framework-neutral: it reads metrics.jsonl and pl
 import json
 from pathlib import Path
 
-from hvdtrain.run_log import read_history
+from hvdtrain.reporting.run_log import read_history
 
 
 def write_results(run_dir, cfg, plan, epochs_completed, metrics, wall_time_s, samples_per_s):

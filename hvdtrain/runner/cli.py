@@ -1,6 +1,6 @@
 """The `hvdtrain` command.
 
-It composes the config once (Hydra: conf/ and recipes/), checks it, derives the plan, writes the
+It composes the config once (Hydra: hvdtrain/conf/, whose group `recipe` holds the recipes), checks it, derives the plan, writes the
 resolved config.yaml into the run directory, and then either trains in this process (when it
 already is a rank of an mpirun or srun job) or starts the workers with mpirun; the workers load
 that config.yaml and never compose their own.
@@ -17,10 +17,10 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
-from hvdtrain import cluster, launcher
-from hvdtrain.config import (CONF_DIR, PROGRESS_BAR_VARIABLE, ConfigError, claim_run_dir, load_run_config,
+from hvdtrain.runner import cluster, launcher
+from hvdtrain.runner.config import (CONF_DIR, PROGRESS_BAR_VARIABLE, ConfigError, claim_run_dir, load_run_config,
                              progress_bar_wanted, register_configs, validate)
-from hvdtrain.plan import make_plan
+from hvdtrain.runner.plan import make_plan
 
 # Overrides that may come with resume=RUN_DIR; anything else would silently not apply.
 RESUME_OVERRIDES = ("resume=", "dry_run=", "hydra.")
@@ -54,7 +54,7 @@ def run(cfg, run_dir):
         _remove_if_empty(run_dir)
         return
     if cluster.inside_existing_job():
-        from hvdtrain import worker
+        from hvdtrain.runner import worker
 
         worker.train_in_existing_job(cfg, run_dir)
         return
@@ -77,7 +77,7 @@ def _launch_plan(cfg, run_dir):
     hosts = cluster.resolve_hosts(cfg.cluster)
     environment = launcher.worker_environment(cfg.cluster.slots)
     environment.setdefault(PROGRESS_BAR_VARIABLE, "1" if sys.stderr.isatty() else "0")
-    program = [sys.executable, "-u", "-m", "hvdtrain.worker", str(run_dir.resolve())]
+    program = [sys.executable, "-u", "-m", "hvdtrain.runner.worker", str(run_dir.resolve())]
     command = launcher.mpirun_command(program, hosts, env=environment, extra_args=list(cfg.cluster.mpirun_args))
     return make_plan(cfg, hosts, command), environment
 

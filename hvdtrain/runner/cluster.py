@@ -13,8 +13,8 @@ import re
 import socket
 from pathlib import Path
 
-from hvdtrain.config import ConfigError
-from hvdtrain.launcher import Host
+from hvdtrain.runner.config import ConfigError
+from hvdtrain.runner.launcher import Host
 
 
 def resolve_hosts(cluster, env=None):

@@ -16,11 +16,11 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 import hvdtrain.torch as hvd
-from hvdtrain import checkpoint, sharding
-from hvdtrain.cluster import job_hosts
-from hvdtrain.lr_schedule import learning_rate
-from hvdtrain.plan import make_plan
-from hvdtrain.progress import Progress
+from hvdtrain.training import checkpoint, sharding
+from hvdtrain.runner.cluster import job_hosts
+from hvdtrain.training.lr_schedule import learning_rate
+from hvdtrain.runner.plan import make_plan
+from hvdtrain.reporting.progress import Progress
 from hvdtrain.tasks.data_torch import build_datasets
 from hvdtrain.tasks.models_torch import build_model
 
