@@ -15,6 +15,9 @@ rounds, each timing raw MPI and then every engine variant, in an order that rota
 rounds (each a median of --repeats timed runs after --warmup, all ranks starting together).
 A ratio is taken within a round; the figures printed are medians over the rounds. Ratios
 above 1 mean the engine is faster.
+Every timed run reduces inputs set just before it (outside the timed region) to a known pattern,
+and its result is checked against the exact value computed from that pattern: a wrong result
+stops the whole job (MPI_Abort) with the variant, rank, tensor and element at fault.
 """
 
 import argparse
@@ -22,11 +25,64 @@ import contextlib
 import json
 import os
 import statistics
+import sys
 import time
+from dataclasses import dataclass
+from typing import List, Tuple
 
 import numpy as np
 
 MIB = 1 << 20
+# Rank r's element i is (r + 1) * (i % PATTERN_PERIOD + 1): small integers, so that sums over up
+# to a few hundred ranks are exact in float32; a period prime to common tensor sizes makes
+# tensors of one shape differ, so that results landing in the wrong tensor are caught too.
+PATTERN_PERIOD = 251
+
+
+class WrongResult(AssertionError):
+    """A collective's result differs from the value computed from its inputs."""
+
+
+@dataclass
+class Workload:
+    """Arrays that a collective reduces in place, and `bases`: for each array, the small integers
+    its elements are multiples of (see PATTERN_PERIOD)."""
+    arrays: List[Tuple[str, np.ndarray]]
+    bases: List[np.ndarray]
+
+    def fill(self, rank):
+        for (_, array), base in zip(self.arrays, self.bases):
+            np.multiply(base, rank + 1, out=array)
+
+    def check(self, average, size, rank, what):
+        """Raise WrongResult unless every array holds the sum (or average) of every rank's fill."""
+        rank_sum = size * (size + 1) / 2
+        factor = rank_sum / size if average else rank_sum
+        # A sum of integers is exact; an average may be scaled by a rounded 1/size.
+        tolerance = 1e-6 if average else 0.0
+        for (name, array), base in zip(self.arrays, self.bases):
+            expected = base * np.float32(factor)
+            wrong = ~np.isclose(array, expected, rtol=tolerance, atol=0.0)
+            if wrong.any():
+                index = np.unravel_index(np.argmax(wrong), array.shape)
+                raise WrongResult(f"{what}: wrong result on rank {rank} in {name}[{', '.join(map(str, index))}]: "
+                                  f"{float(array[index])}, expected {float(expected[index])} "
+                                  f"({np.count_nonzero(wrong)} of {array.size} elements wrong)")
+
+
+def pattern(total_elements):
+    """The bases of one flat array of `total_elements` (float32)."""
+    return (np.arange(total_elements) % PATTERN_PERIOD + 1).astype(np.float32)
+
+
+def workload(arrays, flat_pattern):
+    """`arrays` ([(name, array)], in bucket order) with their places in `flat_pattern` as bases, so
+    that the same gradient has the same inputs however it is laid out."""
+    bases, offset = [], 0
+    for _, array in arrays:
+        bases.append(flat_pattern[offset:offset + array.size].reshape(array.shape))
+        offset += array.size
+    return Workload(arrays, bases)
 
 
 def gradient_bucket(model_name):
@@ -39,7 +95,6 @@ def gradient_bucket(model_name):
     named = list(getattr(torchvision.models, model_name)().named_parameters())
     buckets = _GradientBuckets([p for _, p in named], "gradients")
     bucket = buckets.spec[named[0][1]][1]  # every parameter is float32: one bucket
-    bucket[...] = 1
     return [(name, buckets.arrays[p]) for name, p in named], bucket
 
 
@@ -49,7 +104,6 @@ def on_small_pages(in_bucket, bucket):
     import torch
 
     flat = torch.zeros(bucket.size, dtype=torch.float32).numpy()
-    flat[...] = 1
     views, offset = [], 0
     for name, array in in_bucket:
         views.append((name, flat[offset:offset + array.size].reshape(array.shape)))
@@ -71,23 +125,31 @@ def environment(**variables):
                 os.environ[name] = value
 
 
-def median_time(run, warmup, repeats, barrier):
+def median_time(run, work, average, what, warmup, repeats, barrier):
+    """The median time of `run` reducing `work` (after `warmup` runs), each run on freshly filled
+    inputs and checked; `average`: whether `run` averages rather than sums."""
+    from mpi4py import MPI
+
+    rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
     times = []
     for i in range(warmup + repeats):
+        work.fill(rank)
         barrier()
         started = time.perf_counter()
         run()
         elapsed = time.perf_counter() - started
+        work.check(average, size, rank, what)
         if i >= warmup:
             times.append(elapsed)
     return statistics.median(times)
 
 
-def raw_mpi_best(flat, warmup, repeats):
+def raw_mpi_best(flat, flat_pattern, warmup, repeats):
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
     total_elements = flat.size
+    work = workload([("bucket", flat)], flat_pattern)
     results = {}
     for label, piece_bytes in (("flat", None), ("16MiB", 16 * MIB), ("4MiB", 4 * MIB), ("1MiB", MIB)):
         step = total_elements if piece_bytes is None else piece_bytes // 4
@@ -96,11 +158,11 @@ def raw_mpi_best(flat, warmup, repeats):
             for start in range(0, total_elements, step):
                 comm.Allreduce(MPI.IN_PLACE, flat[start:start + step], MPI.SUM)
 
-        results[label] = median_time(run, warmup, repeats, comm.Barrier)
+        results[label] = median_time(run, work, False, f"raw MPI Allreduce, {label}", warmup, repeats, comm.Barrier)
     return results
 
 
-def engine_time(tensors, op, warmup, repeats, bucket=None):
+def engine_time(what, tensors, flat_pattern, op, warmup, repeats, bucket=None):
     """`bucket`: the flat array the tensors are views of, as the DistributedOptimizers lay out
     gradients; None for separately allocated tensors."""
     from hvdtrain import core
@@ -115,42 +177,43 @@ def engine_time(tensors, op, warmup, repeats, bucket=None):
         for handle in handles:
             handle.wait()
 
-    seconds = median_time(run, warmup, repeats, core.barrier)
+    seconds = median_time(run, workload(tensors, flat_pattern), op == core.ReduceOp.AVERAGE, what, warmup, repeats,
+                          core.barrier)
     core.shutdown()
     return seconds
 
 
-def one_round(index, tensors, in_bucket, bucket, small_pages, warmup, repeats):
+def one_round(index, tensors, in_bucket, bucket, small_pages, flat_pattern, warmup, repeats):
     """Raw MPI, then every engine variant once: {"raw": {...}, "engine": {...}, "negotiation": {...}}.
     The machine can slow down within a round, so round `index` starts the engine variants at
     the index-th, and none of them is always last."""
     from hvdtrain import core
 
     SUM, AVERAGE = core.ReduceOp.SUM, core.ReduceOp.AVERAGE
-    raw = raw_mpi_best(bucket, warmup, repeats)
+    raw = raw_mpi_best(bucket, flat_pattern, warmup, repeats)
     small_pages_views, small_pages_bucket = small_pages
-    variants = [
-        ("bucket_sum", lambda: engine_time(in_bucket, SUM, warmup, repeats, bucket)),
-        ("bucket_sum_small_pages", lambda: engine_time(small_pages_views, SUM, warmup, repeats, small_pages_bucket)),
-        ("bucket_sum_one_tensor", lambda: engine_time([("all", bucket)], SUM, warmup, repeats, bucket)),
-        ("bucket_average", lambda: engine_time(in_bucket, AVERAGE, warmup, repeats, bucket)),
-        ("separate_sum", lambda: engine_time(tensors, SUM, warmup, repeats)),
-    ]
 
-    def fusion_off():
-        with environment(HOROVOD_FUSION_THRESHOLD="0"):
-            return engine_time(tensors, SUM, warmup, repeats)
+    def measure(name, tensors, op, bucket=None, variables=None):
+        with environment(**(variables or {})):
+            return engine_time(name, tensors, flat_pattern, op, warmup, repeats, bucket)
 
-    variants.append(("separate_sum_fusion_off", fusion_off))
-    start = index % len(variants)
-    engine = {name: measure() for name, measure in variants[start:] + variants[:start]}
-    engine = {name: engine[name] for name, _ in variants}
+    variants = {  # name: (tensors, op, the bucket they are views of, environment)
+        "bucket_sum": (in_bucket, SUM, bucket),
+        "bucket_sum_small_pages": (small_pages_views, SUM, small_pages_bucket),
+        "bucket_sum_one_tensor": ([("all", bucket)], SUM, bucket),
+        "bucket_average": (in_bucket, AVERAGE, bucket),
+        "separate_sum": (tensors, SUM),
+        "separate_sum_fusion_off": (tensors, SUM, None, {"HOROVOD_FUSION_THRESHOLD": "0"}),
+    }
+    names = list(variants)
+    start = index % len(names)
+    engine = {name: measure(name, *variants[name]) for name in names[start:] + names[:start]}
+    engine = {name: engine[name] for name in names}
     # Negotiation alone: as many tensors, of one element each, with the response cache (one
     # bit-vector allreduce per cycle) and without it (the coordinator gathers every request).
-    tiny = [(name, np.ones(1, np.float32)) for name, _ in tensors]
-    negotiation = {"cached": engine_time(tiny, SUM, warmup, repeats)}
-    with environment(HOROVOD_CACHE_CAPACITY="0"):
-        negotiation["uncached"] = engine_time(tiny, SUM, warmup, repeats)
+    tiny = [(name, np.empty(1, np.float32)) for name, _ in tensors]
+    negotiation = {"cached": measure("negotiation_cached", tiny, SUM),
+                   "uncached": measure("negotiation_uncached", tiny, SUM, None, {"HOROVOD_CACHE_CAPACITY": "0"})}
     return {"raw": raw, "engine": engine, "negotiation": negotiation}
 
 
@@ -163,13 +226,19 @@ def main():
     parser.add_argument("--json", help="also write the results to this file (rank 0)")
     args = parser.parse_args()
 
-    in_bucket, bucket = gradient_bucket(args.model)
-    separate = [(name, np.ones(array.shape, np.float32)) for name, array in in_bucket]
-
-    small_pages = on_small_pages(in_bucket, bucket)
-    rounds = [one_round(i, separate, in_bucket, bucket, small_pages, args.warmup, args.repeats)
-              for i in range(args.rounds)]
     from mpi4py import MPI
+
+    in_bucket, bucket = gradient_bucket(args.model)
+    separate = [(name, np.empty(array.shape, np.float32)) for name, array in in_bucket]
+    small_pages = on_small_pages(in_bucket, bucket)
+    flat_pattern = pattern(bucket.size)
+    try:
+        rounds = [one_round(i, separate, in_bucket, bucket, small_pages, flat_pattern, args.warmup, args.repeats)
+                  for i in range(args.rounds)]
+    except WrongResult as error:
+        # Loudly, and at once everywhere: the other ranks may be waiting in the next collective.
+        print(f"bench_allreduce: {error}", file=sys.stderr, flush=True)
+        MPI.COMM_WORLD.Abort(1)
 
     if MPI.COMM_WORLD.Get_rank() != 0:
         return

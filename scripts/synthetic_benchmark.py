@@ -9,7 +9,8 @@ synthetic benchmarks for PyTorch and TensorFlow 2.
 PyTorch trains a torchvision model through hvdtrain.torch's DistributedOptimizer; TensorFlow
 trains the Keras application of the same name (resnet50: ResNet50, inception_v3: InceptionV3)
 with hvdtrain.tensorflow's DistributedGradientTape in a tf.function, as Horovod's
-tensorflow2_synthetic_benchmark.py does. Both use SGD with LR 0.01 and are timed alike.
+tensorflow2_synthetic_benchmark.py does. Both use SGD with LR 0.01 and are timed alike: on a GPU,
+a step returns once its work is queued, so the device is synchronised before every clock reading.
 --ddp runs the PyTorch loop with torch.nn.parallel.DistributedDataParallel (gloo backend), its
 ranks and rendezvous taken from mpirun's environment, for a side-by-side figure.
 """
@@ -56,6 +57,22 @@ class Job:
     size: int
     device: str  # "CPU" or "GPU", as the output lines name it
     step: Callable[[], None]
+    synchronize: Callable[[], None]  # returns when the device has done every step queued so far
+
+
+def timed_steps(job, count):
+    """Seconds that `count` steps take, measured between synchronised devices."""
+    def steps():
+        for _ in range(count):
+            job.step()
+        job.synchronize()
+
+    job.synchronize()
+    return timeit.timeit(steps, number=1)
+
+
+def _nothing_to_wait_for():
+    pass
 
 
 def torch_job(args):
@@ -83,7 +100,7 @@ def torch_job(args):
         F.cross_entropy(output, target).backward()
         optimizer.step()
 
-    return Job(rank, size, "GPU" if cuda else "CPU", step)
+    return Job(rank, size, "GPU" if cuda else "CPU", step, torch.cuda.synchronize if cuda else _nothing_to_wait_for)
 
 
 def _hvdtrain_torch(model, optimizer, args):
@@ -140,7 +157,8 @@ def tensorflow_job(args):
         gradients = tape.gradient(loss, model.trainable_variables)
         optimizer.apply(gradients, model.trainable_variables)
 
-    return Job(hvd.rank(), hvd.size(), "GPU" if gpus else "CPU", step)
+    synchronize = tf.test.experimental.sync_devices if gpus else _nothing_to_wait_for
+    return Job(hvd.rank(), hvd.size(), "GPU" if gpus else "CPU", step, synchronize)
 
 
 def _keras_application(name):
@@ -170,11 +188,11 @@ def main():
     log(f"Batch size: {args.batch_size}")
     log(f"Number of {device}s: {job.size}")
     log("Running warmup...")
-    timeit.timeit(job.step, number=args.num_warmup_batches)
+    timed_steps(job, args.num_warmup_batches)
     log("Running benchmark...")
     img_secs = []
     for iteration in range(args.num_iters):
-        seconds = timeit.timeit(job.step, number=args.num_batches_per_iter)
+        seconds = timed_steps(job, args.num_batches_per_iter)
         img_sec = args.batch_size * args.num_batches_per_iter / seconds
         log(f"Iter #{iteration}: {img_sec:.1f} img/sec per {device}")
         img_secs.append(img_sec)

@@ -2,9 +2,12 @@
 
 Every rank times its steps and adds up their losses; every `train.log_every_steps` steps (and
 at the end of each epoch) the loss is averaged over the ranks and recorded. Rank 0 alone prints
-the plan at the start, keeps the run's log (metrics.jsonl, TensorBoard, progress bar: run_log.py)
-and writes results.json and report.md at the end (report.py); the other ranks take part in the
-averaging only.
+the plan at the start, keeps the run's log (metrics.jsonl, TensorBoard, progress bar: run_log.py),
+rewrites results.json at the end of every epoch (so that a run that stops early says how far it
+got) and writes report.md at the end (report.py); the other ranks take part in the averaging only.
+
+The run's clocks span its sessions (a resumed run goes on from its checkpoint's): wall time from
+each session's process start, and the part of it spent inside training steps.
 """
 
 import time
@@ -23,6 +26,7 @@ class Progress:
         `session_start`: when this process began, so that setup counts as run time."""
         self.cfg, self.plan, self.run_dir = cfg, plan, run_dir
         self.elapsed_before, self.session_start = start["elapsed_s"], session_start
+        self.train_seconds = start["train_s"]  # inside training steps, over all sessions
         self.log = None
         if core.rank() == 0:
             print(summary(plan, cfg, run_dir), flush=True)
@@ -30,7 +34,6 @@ class Progress:
                 print(f"hvdtrain: resuming at epoch {start['epoch']}, step {start['step']} ({start['path']})",
                       flush=True)
             self.log = RunLog(run_dir, plan.steps_per_epoch * plan.epochs, start["global_step"], core.size())
-        self.train_seconds, self.trained_steps = 0.0, 0  # this session's, for its throughput
         self.window_loss, self.window_seconds, self.window_steps = 0.0, 0.0, 0  # since the last record
         self.train_loss = None  # the last recorded one
 
@@ -38,10 +41,14 @@ class Progress:
         """The run's wall time so far, over all its sessions."""
         return self.elapsed_before + time.time() - self.session_start
 
+    def train_s(self):
+        """The part of elapsed_s() spent inside training steps."""
+        return self.train_seconds
+
     def step_done(self, epoch, step, global_step, lr, loss, seconds):
         """Step `step` of `epoch` (the run's `global_step`-th), trained at `lr`, took `seconds`
         and had this rank's mean loss `loss`."""
-        self.train_seconds, self.trained_steps = self.train_seconds + seconds, self.trained_steps + 1
+        self.train_seconds += seconds
         self.window_loss, self.window_seconds = self.window_loss + loss, self.window_seconds + seconds
         self.window_steps += 1
         if self.log:
@@ -62,14 +69,21 @@ class Progress:
         if self.log:
             self.log.record(event="eval", step=global_step, epoch=epoch, lr=lr, loss=self.train_loss, **metrics)
 
-    def finish(self, metrics):
+    def epoch_done(self, epochs_completed, global_step, metrics):
+        """Rank 0: results.json as of now, `epochs_completed` epochs (`global_step` steps) in."""
+        if self.log:
+            self._results(epochs_completed, global_step, metrics)
+
+    def finish(self, epochs_completed, global_step, metrics):
         """Rank 0: results.json, report.md and the closing summary."""
         if not self.log:
             return
         self.log.close()
-        samples_per_s = (self.trained_steps * self.plan.global_batch_size / self.train_seconds
-                         if self.train_seconds else 0.0)
-        results = write_results(self.run_dir, self.cfg, self.plan, self.plan.epochs, metrics, self.elapsed_s(),
-                                samples_per_s)
+        results = self._results(epochs_completed, global_step, metrics)
         write_report(self.run_dir, self.cfg, self.plan, results)
         print(final_summary(results, self.run_dir), flush=True)
+
+    def _results(self, epochs_completed, global_step, metrics):
+        return write_results(self.run_dir, self.cfg, self.plan, epochs_completed, metrics,
+                             samples_trained=global_step * self.plan.global_batch_size,
+                             wall_time_s=self.elapsed_s(), train_time_s=self.train_s())

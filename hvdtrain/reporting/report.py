@@ -1,16 +1,31 @@
-"""What a finished run leaves behind for people: results.json, report.md with its plots, and the
+"""What a run leaves behind for people: results.json, report.md with its plots, and the
 closing summary on the console. Framework-neutral: it reads metrics.jsonl and plain numbers.
+
+The throughput figures of results.json, the same for every framework, and how they divide:
+- samples_trained: the optimizer steps that make up the trained model x the global batch (a step
+  that a crashed session took after its last checkpoint, and the resumed run took again, counts
+  once);
+- wall_time_s: the run's wall time, over its sessions: each from its process start (set-up, data
+  loading, evaluation and checkpoints included) to its last checkpoint, the last one to now;
+- train_time_s: the part of wall_time_s spent inside training steps (fetching the batch, forward,
+  backward, the gradients' allreduce, the update);
+- train_samples_per_s = samples_trained / train_time_s, the step throughput; `samples_per_s` is
+  the same figure under its older name;
+- wall_samples_per_s = samples_trained / wall_time_s.
 """
 
 import json
 from pathlib import Path
 
 from hvdtrain.reporting.run_log import read_history
+from hvdtrain.training.checkpoint import write_atomically
 
 
-def write_results(run_dir, cfg, plan, epochs_completed, metrics, wall_time_s, samples_per_s):
+def write_results(run_dir, cfg, plan, epochs_completed, metrics, samples_trained, wall_time_s, train_time_s):
+    """results.json (see the module's docstring for the figures); rewritten as the run goes."""
     target = cfg.recipe.target
     achieved = None if target is None else metrics.get(target.metric)
+    train_samples_per_s = _per_second(samples_trained, train_time_s)
     results = {
         "recipe": cfg.recipe.name,
         "framework": cfg.recipe.framework,
@@ -18,14 +33,30 @@ def write_results(run_dir, cfg, plan, epochs_completed, metrics, wall_time_s, sa
         "global_batch_size": plan.global_batch_size,
         "peak_lr": plan.peak_lr,
         "epochs_completed": epochs_completed,
+        "epochs": plan.epochs,
         "metrics": metrics,
         "target": None if target is None else {"metric": target.metric, "value": target.value, "source": target.source},
         "target_reached": None if achieved is None else achieved >= target.value,
+        "samples_trained": samples_trained,
         "wall_time_s": wall_time_s,
-        "samples_per_s": samples_per_s,
+        "train_time_s": train_time_s,
+        "train_samples_per_s": train_samples_per_s,
+        "wall_samples_per_s": _per_second(samples_trained, wall_time_s),
+        "samples_per_s": train_samples_per_s,
     }
-    (Path(run_dir) / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    write_atomically(Path(run_dir) / "results.json", (json.dumps(results, indent=2) + "\n").encode())
     return results
+
+
+def _per_second(samples, seconds):
+    return samples / seconds if seconds else 0.0
+
+
+def throughput(results):
+    """The two figures as the summary and the report print them, each beside what it divides."""
+    return (f"{results['samples_trained']} samples in {results['wall_time_s']:.1f} s of wall time "
+            f"({results['wall_samples_per_s']:.1f} samples/s), {results['train_time_s']:.1f} s of it in training "
+            f"steps ({results['train_samples_per_s']:.1f} samples/s)")
 
 
 def write_report(run_dir, cfg, plan, results):
@@ -45,8 +76,8 @@ def write_report(run_dir, cfg, plan, results):
         f"{plan.backward_passes_per_step} backward passes) |",
         f"| LR | {plan.base_lr:g} per {plan.base_batch_size} -> peak {plan.peak_lr:g}, "
         f"warmup {plan.warmup_epochs:g} epochs, {cfg.schedule.decay} decay |",
-        f"| epochs | {results['epochs_completed']} of {plan.epochs} |",
-        f"| wall time | {results['wall_time_s']:.1f} s, {results['samples_per_s']:.1f} samples/s |",
+        f"| epochs | {results['epochs_completed']} of {results['epochs']} |",
+        f"| trained | {throughput(results)} |",
         "",
         "## Result",
         "",
@@ -101,8 +132,8 @@ def _plot_history(history, target, run_dir):
 def final_summary(results, run_dir):
     """The lines printed at the end: achieved vs target, and where everything is."""
     run_dir = Path(run_dir)
-    lines = [f"hvdtrain: {results['recipe']} finished {results['epochs_completed']} epochs on {results['world_size']} "
-             f"ranks in {results['wall_time_s']:.1f} s ({results['samples_per_s']:.0f} samples/s)"]
+    lines = [f"hvdtrain: {results['recipe']} finished {results['epochs_completed']} of {results['epochs']} epochs on "
+             f"{results['world_size']} ranks: {throughput(results)}"]
     target = results["target"]
     for name, value in results["metrics"].items():
         line = f"  {name:<12} {value:.4g}"

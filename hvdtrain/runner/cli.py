@@ -11,30 +11,53 @@ import os
 import shlex
 import signal
 import sys
+import tempfile
 from pathlib import Path
 
 import hydra
+from hydra._internal.utils import get_args_parser as hydra_args_parser  # hydra.main's own: flags read alike
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
-from hvdtrain.runner import cluster, launcher
+from hvdtrain.runner import cluster, hydra_errors, launcher, recipes
 from hvdtrain.runner.config import (CONF_DIR, PROGRESS_BAR_VARIABLE, ConfigError, claim_run_dir, load_run_config,
                              progress_bar_wanted, register_configs, validate)
 from hvdtrain.runner.plan import make_plan
+from hvdtrain.training import checkpoint
+from hvdtrain.training.lr_schedule import DECAYS_TO_THE_END
 
-# Overrides that may come with resume=RUN_DIR; anything else would silently not apply.
-RESUME_OVERRIDES = ("resume=", "dry_run=", "hydra.")
+# Overrides that may come with resume=RUN_DIR (train.epochs extends the run); anything else would
+# silently not apply.
+EXTEND_OVERRIDE = "train.epochs="
+RESUME_OVERRIDES = ("resume=", "dry_run=", "hydra.", EXTEND_OVERRIDE)
 
 
 def main():
+    if sys.argv[1:2] and sys.argv[1] in recipes.SUBCOMMANDS:
+        recipes.main(sys.argv[1:])
+        return
     register_configs()
     # hydra.run.dir: a resumed run continues in its own directory, a new one gets a fresh one.
     OmegaConf.register_new_resolver("run_dir", lambda resume, fresh: resume or fresh, replace=True)
     _hydra_main()
 
 
+def _hydra_main():
+    """Hydra composes the config (once, or once per job of a sweep) and calls _run_hydra_job; its
+    errors, like ours, end in one line and exit status 2 (see hydra_errors)."""
+    try:
+        with hydra_errors.reported_as_config_errors():
+            args = hydra_args_parser().parse_args()
+            hydra_errors.refuse_unknown_keys(args.overrides, config_dir=args.config_dir)
+            _run_hydra_job()
+    except ConfigError as error:
+        print(f"hvdtrain: {error}", file=sys.stderr)
+        sys.exit(2)
+
+
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
-def _hydra_main(cfg):
+def _run_hydra_job(cfg):
+    hydra_errors.job_started()
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
         run(cfg, run_dir)
@@ -46,7 +69,9 @@ def _hydra_main(cfg):
 
 def run(cfg, run_dir):
     if cfg.resume:
-        cfg = _saved_config(Path(cfg.resume), dry_run=cfg.dry_run)
+        cfg = _resumed_config(cfg)
+        if cfg is None:
+            return
     validate(cfg)
     progress_bar_wanted(os.environ)  # refuses a bad value of the user's before anything launches
     if cfg.dry_run:
@@ -56,9 +81,12 @@ def run(cfg, run_dir):
     if cluster.inside_existing_job():
         from hvdtrain.runner import worker
 
+        cluster.check_cuda_visible(cfg)  # this process is one of the ranks
         worker.train_in_existing_job(cfg, run_dir)
         return
     plan, environment = _launch_plan(cfg, run_dir)
+    if cluster.all_on_this_machine(plan.hosts):
+        cluster.check_cuda_visible(cfg)
     claim_run_dir(cfg, run_dir)
     print(f"hvdtrain: starting {plan.world_size} workers: {shlex.join(plan.launch_command)}", flush=True)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # a scheduler's SIGTERM stops the workers too
@@ -74,7 +102,7 @@ def run(cfg, run_dir):
 
 
 def _launch_plan(cfg, run_dir):
-    hosts = cluster.resolve_hosts(cfg.cluster)
+    hosts = cluster.resolve_hosts(cfg.cluster, dry_run=cfg.dry_run)
     environment = launcher.worker_environment(cfg.cluster.slots)
     environment.setdefault(PROGRESS_BAR_VARIABLE, "1" if sys.stderr.isatty() else "0")
     program = [sys.executable, "-u", "-m", "hvdtrain.runner.worker", str(run_dir.resolve())]
@@ -93,6 +121,51 @@ def _saved_config(run_dir, dry_run):
     cfg = load_run_config(run_dir / "config.yaml")
     cfg.resume, cfg.dry_run = str(run_dir), dry_run
     return cfg
+
+
+def _resumed_config(requested):
+    """The saved config of the run `requested.resume`, with the train.epochs of `requested` where
+    the command line gives it (which extends the run and is written into its config.yaml), or
+    None when the run has finished and there is nothing to resume. How far the run got is its
+    newest valid checkpoint's epoch count."""
+    run_dir = Path(requested.resume)
+    cfg = _saved_config(run_dir, dry_run=requested.dry_run)
+    newest = checkpoint.newest_metadata(run_dir / "checkpoints")
+    done = newest["epoch"] if newest else 0
+    if not any(o.startswith(EXTEND_OVERRIDE) for o in HydraConfig.get().overrides.task):
+        if done < cfg.train.epochs:
+            return cfg
+        print(f"hvdtrain: {run_dir} finished all {cfg.train.epochs} epochs; nothing to resume "
+              f"(extend it with resume={run_dir} train.epochs=M)", flush=True)
+        return None
+    saved, epochs = cfg.train.epochs, requested.train.epochs
+    if epochs <= done:
+        raise ConfigError(f"train.epochs={epochs}: {run_dir} has done {done} of its {saved} epochs already; "
+                          f"resume={run_dir} train.epochs=N trains on to N epochs, N more than {done}")
+    cfg.train.epochs = epochs
+    validate(cfg)  # before config.yaml says so: a run directory never holds a config that cannot run
+    if not cfg.dry_run:
+        _save_epochs(run_dir, epochs)
+    if cfg.schedule.decay in DECAYS_TO_THE_END:
+        effect = (f"its {cfg.schedule.decay} decay is stretched to end at epoch {epochs}: from epoch {done} on the "
+                  f"LR follows the {epochs}-epoch curve, so the result is not that of a run started with "
+                  f"train.epochs={epochs}")
+    else:
+        effect = (f"its {cfg.schedule.decay} schedule does not depend on train.epochs: it trains on as a run "
+                  f"started with train.epochs={epochs} would")
+    print(f"hvdtrain: extending {run_dir} from {saved} to {epochs} epochs; {effect}", flush=True)
+    return cfg
+
+
+def _save_epochs(run_dir, epochs):
+    """Put the extended train.epochs into the run's config.yaml, which the workers load. Replaced
+    atomically through a temporary file of its own: inside an mpirun job every rank writes it."""
+    saved = OmegaConf.load(run_dir / "config.yaml")
+    saved.train.epochs = epochs
+    descriptor, temporary = tempfile.mkstemp(dir=run_dir, prefix=".config.yaml.")
+    with os.fdopen(descriptor, "w") as file:
+        file.write(OmegaConf.to_yaml(saved))
+    os.replace(temporary, run_dir / "config.yaml")
 
 
 def _remove_if_empty(run_dir):

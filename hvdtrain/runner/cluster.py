@@ -2,9 +2,12 @@
 the hosts of the job we are in.
 
 A layout (conf/cluster/*.yaml) says how many hosts and how many ranks (slots) per host. The host
-names come, in this order, from `cluster.hosts`, `cluster.hostfile`, or the Slurm allocation
-(SLURM_JOB_NODELIST, in Slurm's compressed form `node[01-04,07]`); a one-host layout without
-any of them runs on this machine.
+names come from `cluster.hosts` or `cluster.hostfile` (one of them), else from the Slurm
+allocation (SLURM_JOB_NODELIST, in Slurm's compressed form `node[01-04,07]`, except for the
+layout `local`); a one-host layout without any of them runs on this machine. As with mpirun's
+and horovodrun's `-H` and `--hostfile`, hosts given are a pool the layout takes its hosts from
+in order, and they are used with every layout, `local` included: a user who names hosts means
+the ranks to run there, and `local` stands for this machine only when nothing names another.
 """
 
 import collections
@@ -13,28 +16,33 @@ import re
 import socket
 from pathlib import Path
 
-from hvdtrain.runner.config import ConfigError
+from hvdtrain.runner.config import invalid
 from hvdtrain.runner.launcher import Host
 
 
-def resolve_hosts(cluster, env=None):
-    """The layout's hosts, each with the layout's slots; ConfigError if they cannot be had."""
+def resolve_hosts(cluster, env=None, dry_run=False):
+    """The layout's hosts, each with the layout's slots; ConfigError if they cannot be had. A dry
+    run (the plan only) of a multi-host layout without hosts names them `<host0>`, `<host1>`, ...:
+    placeholders that no machine is called, so the plan cannot be mistaken for one to launch."""
     env = os.environ if env is None else env
     source, offered = _offered_hosts(cluster, env)
     if source is None:
-        if cluster.num_hosts > 1:
-            raise ConfigError(
+        if cluster.num_hosts == 1:
+            source, offered = "this machine", [("localhost", None)]
+        elif dry_run:
+            source, offered = "the dry run", [(f"<host{i}>", None) for i in range(cluster.num_hosts)]
+        else:
+            raise invalid(
                 f"cluster={cluster.name} needs {cluster.num_hosts} hosts but none were given: set "
                 f"cluster.hosts=[host1,host2,...], cluster.hostfile=PATH, or run inside a Slurm allocation")
-        source, offered = "this machine", [("localhost", None)]
     if len(offered) < cluster.num_hosts:
-        raise ConfigError(
+        raise invalid(
             f"cluster={cluster.name} needs {cluster.num_hosts} hosts but {source} gives {len(offered)}: "
             f"{', '.join(name for name, _ in offered)}")
     hosts = offered[:cluster.num_hosts]
     for name, slots in hosts:
         if slots is not None and slots < cluster.slots:
-            raise ConfigError(
+            raise invalid(
                 f"cluster={cluster.name} asks {cluster.slots} slots (ranks) per host but host {name} offers "
                 f"{slots} (from {source}); use a layout with fewer slots or set cluster.slots={slots}")
     return [Host(name, cluster.slots) for name, _ in hosts]
@@ -42,12 +50,17 @@ def resolve_hosts(cluster, env=None):
 
 def _offered_hosts(cluster, env):
     """(where the hosts come from, [(name, slots or None)]), or (None, []) when nothing names any."""
+    if cluster.hosts and cluster.hostfile:
+        raise invalid(f"cluster.hosts={list(cluster.hosts)} and cluster.hostfile={cluster.hostfile!r} both name "
+                      f"hosts; give one of them")
     if cluster.hosts:
         return "cluster.hosts", [_host_entry(entry, "cluster.hosts") for entry in cluster.hosts]
     if cluster.hostfile:
         return f"cluster.hostfile={cluster.hostfile}", read_hostfile(cluster.hostfile)
     nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
-    if nodelist:
+    # `local` is not taken to the allocation's nodes: inside a batch job it means the node the
+    # job script runs on, whatever the allocation's task counts say.
+    if nodelist and cluster.name != "local":
         names = expand_nodelist(nodelist)
         counts = env.get("SLURM_TASKS_PER_NODE")
         slots = expand_counts(counts) if counts else [None] * len(names)
@@ -58,23 +71,28 @@ def _offered_hosts(cluster, env):
 def _host_entry(entry, where):
     name, _, slots = str(entry).strip().partition(":")
     if not name or (slots and not slots.isdigit()):
-        raise ConfigError(f"{where}: {entry!r} is not a host; allowed: 'name' or 'name:slots'")
+        raise invalid(f"{where}: {entry!r} is not a host; allowed: 'name' or 'name:slots'")
     return name, int(slots) if slots else None
 
 
 def read_hostfile(path):
-    """Hosts of an MPI hostfile: one per line, `name`, `name slots=N` or `name:N`; # comments."""
+    """Hosts of an MPI hostfile: one per line, `name`, `name slots=N` or `name:N`; # comments.
+    Any other field is refused rather than skipped: a misspelt `slots` would otherwise leave the
+    host's capacity unchecked."""
     if not Path(path).is_file():
-        raise ConfigError(f"cluster.hostfile={path!r}: no such file")
+        raise invalid(f"cluster.hostfile={path!r}: no such file")
     hosts = []
-    for line in Path(path).read_text().splitlines():
+    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
         line = line.split("#", 1)[0].strip()
         if not line:
             continue
-        name, *options = line.split()
-        slots = next((option.split("=", 1)[1] for option in options if option.startswith("slots=")), None)
-        entry = f"{name}:{slots}" if slots is not None else name
-        hosts.append(_host_entry(entry, f"cluster.hostfile={path}"))
+        where = f"cluster.hostfile={path} line {number}"
+        name, *fields = line.split()
+        if len(fields) > 1 or (fields and not fields[0].startswith("slots=")):
+            field = next((field for field in fields if not field.startswith("slots=")), fields[-1])
+            raise invalid(f"{where}: unexpected field {field!r}; a host line is 'name', 'name slots=N' or 'name:N'")
+        entry = f"{name}:{fields[0].removeprefix('slots=')}" if fields else name
+        hosts.append(_host_entry(entry, where))
     return hosts
 
 
@@ -107,7 +125,7 @@ def expand_counts(counts):
     for part in counts.split(","):
         match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
         if match is None:
-            raise ConfigError(f"cannot read the Slurm task counts {counts!r}")
+            raise invalid(f"cannot read the Slurm task counts SLURM_TASKS_PER_NODE={counts!r}")
         result += [int(match.group(1))] * int(match.group(2) or 1)
     return result
 
@@ -130,3 +148,32 @@ def job_hosts():
 
     counts = collections.Counter(core.allgather_object(socket.gethostname(), name="hostname"))
     return [Host(name, slots) for name, slots in counts.items()]
+
+
+def check_cuda_visible(cfg):
+    """Refuse train.device=cuda where this machine shows no CUDA device, before anything starts
+    (each rank would fail with a traceback). Asked only for ranks that run on this machine: a
+    launch onto other hosts (a login node starting GPU nodes) cannot be checked from here."""
+    if cfg.train.device != "cuda" or _cuda_visible(cfg.recipe.framework):
+        return
+    restricted = os.environ.get("CUDA_VISIBLE_DEVICES")
+    hidden = "" if restricted is None else f" with CUDA_VISIBLE_DEVICES={restricted!r}"
+    raise invalid(f"train.device='cuda': no CUDA device visible to {cfg.recipe.framework} on this machine{hidden}; "
+                  f"use train.device=auto (a GPU where there is one) or train.device=cpu")
+
+
+def all_on_this_machine(hosts):
+    here = ("localhost", "127.0.0.1", socket.gethostname(), socket.gethostname().split(".")[0])
+    return all(host.host in here for host in hosts)
+
+
+def _cuda_visible(framework):
+    # Asked of the framework itself, imported only here: it is what the ranks will use, and
+    # tensorflow-cpu sees no GPU even where torch sees one.
+    if framework == "tensorflow":
+        from hvdtrain.training.tensorflow_startup import import_tensorflow
+
+        return bool(import_tensorflow().config.list_physical_devices("GPU"))
+    import torch
+
+    return torch.cuda.is_available()

@@ -1,14 +1,18 @@
 """The typed schema of a run's configuration, and the checks that stop a bad one before launch.
 
 Hydra composes `conf/config.yaml`, the config groups in `conf/` and one recipe from `conf/recipe/`
-onto `RunConfig`; OmegaConf rejects unknown keys and wrongly typed values while composing,
-and `validate` rejects values that are well typed but wrong (a negative LR, a warmup longer
-than training, a data root that is not there), naming the key and what is allowed.
+onto `RunConfig`; OmegaConf rejects wrongly typed values while composing, `unknown_key_problem`
+names a key the schema does not have (Hydra's `+key=value` would add it), and `validate` rejects
+values that are well typed but wrong (a negative LR, a warmup longer than training, a data root
+that is not there), naming the key and what is allowed.
 """
 
+import dataclasses
+import difflib
 import hashlib
 import importlib.util
 import sys
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional
@@ -125,6 +129,73 @@ class ConfigError(ValueError):
     """A config value that cannot run; the message names the key and what is allowed."""
 
 
+def invalid(problem):
+    """The ConfigError for one problem; `hvdtrain` prints it as `hvdtrain: invalid config: PROBLEM`."""
+    return ConfigError(f"invalid config: {problem}")
+
+
+def _schema_keys(section=RunConfig, prefix=""):
+    """Every key of the schema, dotted ('train.epochs', sections too), with its declared type."""
+    keys = {}
+    for name, annotation in typing.get_type_hints(section).items():
+        keys[prefix + name] = annotation
+        inner = _section_type(annotation)
+        if inner is not None:
+            keys.update(_schema_keys(inner, f"{prefix}{name}."))
+    return keys
+
+
+def _section_type(annotation):
+    """The dataclass of a section's annotation (`TargetConfig` for Optional[TargetConfig]), else None."""
+    return next((candidate for candidate in (annotation, *typing.get_args(annotation))
+                 if dataclasses.is_dataclass(candidate)), None)
+
+
+SCHEMA_KEYS = _schema_keys()
+
+
+def unknown_key_problem(key):
+    """None if the schema has `key`; else a line naming it and the nearest known key, or, when none
+    is near, the keys of the section it was meant for."""
+    if key in SCHEMA_KEYS:
+        return None
+    parts = key.split(".")
+    known_depth = next(depth for depth in range(len(parts)) if ".".join(parts[:depth + 1]) not in SCHEMA_KEYS)
+    section = ".".join(parts[:known_depth])
+    prefix = section + "." if section else ""
+    # Compare only below the section that is right, so that `optimizer.bogus` is not taken for
+    # `optimizer.base_lr` just because both begin with `optimizer.`.
+    below = [known[len(prefix):] for known in SCHEMA_KEYS if known.startswith(prefix)]
+    nearest = difflib.get_close_matches(".".join(parts[known_depth:]), below, n=1)
+    if nearest:
+        return f"{key}: unknown key; did you mean {prefix}{nearest[0]}?"
+    children = [name for name in below if "." not in name]
+    return f"{key}: unknown key; the keys {'of ' + section if section else 'at the top level'}: {', '.join(children)}"
+
+
+def allowed_values(key):
+    """What the schema lets `key` hold, as the end of an error line ('must be an integer')."""
+    annotation = SCHEMA_KEYS[key]
+    if _section_type(annotation) is not None:
+        children = [known for known in SCHEMA_KEYS if known.rpartition(".")[0] == key]
+        return f"is a section; set its keys instead: {', '.join(children)}"
+    return f"must be {_describe_type(annotation)}"
+
+
+# How an error line names a value of each type, and several of them in a list.
+_TYPE_NAMES = {int: ("an integer", "integers"), float: ("a number", "numbers"), bool: ("true or false", "booleans"),
+               str: ("a string", "strings")}
+
+
+def _describe_type(annotation):
+    arguments = [argument for argument in typing.get_args(annotation) if argument is not type(None)]
+    if typing.get_origin(annotation) is typing.Union:
+        return f"{_describe_type(arguments[0])} or null"
+    if typing.get_origin(annotation) is list:
+        return f"a list of {_TYPE_NAMES[arguments[0]][1]}, written [x,y,...]"
+    return _TYPE_NAMES[annotation][0]
+
+
 # mpirun hands the workers' stderr on through a pipe, so a worker cannot tell whether a terminal
 # shows it: the `hvdtrain` command, which can, says so in this variable.
 PROGRESS_BAR_VARIABLE = "HVDTRAIN_PROGRESS_BAR"
@@ -215,7 +286,7 @@ def validate(cfg):
               f"gives {tasks.DATA_SOURCES[data.source]} inputs but model {model.name} takes "
               f"{tasks.MODELS[model.name]} inputs; data sources for it: "
               f"{', '.join(s for s, kind in tasks.DATA_SOURCES.items() if kind == tasks.MODELS[model.name])}")
-    if data.source == "imagefolder":
+    if data.source == "imagefolder" and not cfg.dry_run:  # the plan does not read the data
         problems += _image_folder_problems(data.root)
     if data.source == "synthetic":
         check(data.train_size is not None, "data.train_size", "synthetic data needs the number of samples to make")

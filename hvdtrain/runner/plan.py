@@ -6,7 +6,7 @@ prints it as JSON; the workers derive the same numbers from the same functions.
 from dataclasses import asdict, dataclass, field
 from typing import List, Optional
 
-from hvdtrain.runner.config import ConfigError
+from hvdtrain.runner.config import invalid
 from hvdtrain.runner.launcher import Host
 
 
@@ -39,7 +39,7 @@ def make_plan(cfg, hosts, launch_command=(), train_size=None):
         train_size = cfg.data.train_size
     steps = None if train_size is None else steps_per_epoch(train_size, world_size, samples_per_step)
     if steps == 0:
-        raise ConfigError(
+        raise invalid(
             f"data.train_size={train_size}: fewer training samples than one global batch ({global_batch} = "
             f"{world_size} ranks x train.batch_size={cfg.train.batch_size} x "
             f"train.backward_passes_per_step={cfg.train.backward_passes_per_step})")

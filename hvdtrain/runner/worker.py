@@ -1,11 +1,12 @@
 """A rank of a training job.
 
 `hvdtrain` writes the resolved config into the run directory and starts
-`python -m hvdtrain.runner.worker RUN_DIR` on every rank with mpirun; each rank loads that config.yaml
-(never composing its own) and runs the training loop of the recipe's framework,
-hvdtrain/training/train_<framework>.py. When `hvdtrain` itself is started by mpirun or srun, every rank
-has composed the config, and `train_in_existing_job` makes rank 0's config and run directory
-the run's.
+`python -m hvdtrain.runner.worker RUN_DIR` on every rank with mpirun; rank 0 reads that config.yaml
+and broadcasts it (no rank composes its own), so that only rank 0 needs the run directory: the
+other hosts need no shared file system. Every rank then runs the training loop of the recipe's
+framework, hvdtrain/training/train_<framework>.py, where too only rank 0 reads or writes the run
+directory. When `hvdtrain` itself is started by mpirun or srun, every rank has composed the config,
+and `train_in_existing_job` makes rank 0's config and run directory the run's.
 """
 
 import importlib
@@ -14,40 +15,73 @@ import sys
 import traceback
 from pathlib import Path
 
+import yaml
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from hvdtrain.runner.config import ConfigError, claim_run_dir, load_run_config, typed
+from hvdtrain.training.tensorflow_startup import import_tensorflow
 
 RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
 
 
 def main():
+    from hvdtrain import core
+
     run_dir = Path(sys.argv[1])
-    _train_or_exit(load_run_config(run_dir / "config.yaml"), run_dir)
+    try:
+        cfg, run_dir = _rank_0_run(lambda: (_read_run_config(run_dir), run_dir))
+    except ConfigError as error:
+        if core.rank() == 0:  # every rank has it; one says it
+            print(f"hvdtrain: {error}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    _train_or_exit(cfg, run_dir)
 
 
 def train_in_existing_job(cfg, run_dir):
-    from hvdtrain import core
+    def claim():
+        claim_run_dir(cfg, run_dir)
+        return cfg, run_dir
 
-    core.init()
-    own_dir, claim = run_dir, None
-    if core.rank() == 0:
-        try:
-            claim_run_dir(cfg, run_dir)
-            claim = (OmegaConf.to_container(cfg, resolve=True), str(run_dir), None)
-        except ConfigError as error:
-            claim = (None, None, str(error))
-    container, run_dir, problem = core.broadcast_object(claim, root_rank=0, name="run_config")
-    if problem:
-        raise ConfigError(problem)
-    run_dir = Path(run_dir)
+    own_dir = run_dir
+    cfg, run_dir = _rank_0_run(claim)
     if own_dir != run_dir and own_dir.is_dir() and not any(own_dir.iterdir()):
         own_dir.rmdir()  # Hydra made one on this rank too, a second later than on rank 0
-    _train_or_exit(typed(container), run_dir)
+    _train_or_exit(cfg, run_dir)
+
+
+def _rank_0_run(prepare):
+    """On every rank, the (config, run directory) that `prepare()` returns on rank 0, the only
+    rank that calls it. A ConfigError there is raised on every rank, so that none waits for a
+    config that will not come."""
+    from hvdtrain import core
+
+    core.init()  # the training loop's hvd.init() then finds it started and does nothing
+    message = None
+    if core.rank() == 0:
+        try:
+            cfg, run_dir = prepare()
+            message = (OmegaConf.to_container(cfg, resolve=True), str(run_dir), None)
+        except ConfigError as error:
+            message = (None, None, str(error))
+    container, run_dir, problem = core.broadcast_object(message, root_rank=0, name="run_config")
+    if problem:
+        raise ConfigError(problem)
+    return typed(container), Path(run_dir)
+
+
+def _read_run_config(run_dir):
+    path = run_dir / "config.yaml"
+    try:
+        return load_run_config(path)
+    except (OSError, yaml.YAMLError, OmegaConfBaseException) as error:
+        raise ConfigError(f"rank 0 cannot read the run's config {path}: {type(error).__name__}: {error}") from None
 
 
 def _train_or_exit(cfg, run_dir):
     try:
+        if cfg.recipe.framework == "tensorflow":
+            import_tensorflow()  # before the loop imports it, which would show its start-up noise
         loop = importlib.import_module(f"hvdtrain.training.train_{cfg.recipe.framework}")
         loop.train(cfg, run_dir)
     except BaseException as error:

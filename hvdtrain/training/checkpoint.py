@@ -1,18 +1,26 @@
 """Checkpoint files: written atomically, the last K kept, the newest valid one found again, and
 the metadata every checkpoint carries beside the model.
 
-The bytes come from the framework's training loop (train_torch.py serializes with torch.save and
-reads back with torch.load(weights_only=True), train_tensorflow.py writes NumPy .npz archives);
-this module deals with files and metadata, so that every framework's loop uses it as it is.
+A checkpoint is a zip archive (stored, not compressed) of two members: `metadata.json`, plain
+JSON that any process can read without a framework (the `hvdtrain` command reads it to tell how
+far a run got), and `state`, the framework's bytes (train_torch.py's from torch.save, read back
+with torch.load(weights_only=True); train_tensorflow.py's a NumPy .npz archive read with
+allow_pickle=False). The zip's CRC-32 of each member tells a damaged file from a good one before
+any framework looks at it.
 """
 
+import copy
+import io
+import json
 import os
 import warnings
+import zipfile
 from pathlib import Path
 
 from hvdtrain.runner.config import config_hash
 
 PATTERN = "step-*.ckpt"
+METADATA, STATE = "metadata.json", "state"
 
 
 def path_for(directory, global_step):
@@ -36,23 +44,35 @@ def write_atomically(path, data):
         os.close(directory)
 
 
-def save(directory, global_step, data, keep):
-    """Write the checkpoint of `global_step` and delete all but the newest `keep`, and any
-    temporary file an interrupted write left behind."""
+def save(directory, metadata, state, keep):
+    """Write the checkpoint of `metadata["global_step"]` (its framework `state` bytes beside the
+    metadata) and delete all but the newest `keep`, and any temporary file an interrupted write
+    left behind."""
     Path(directory).mkdir(parents=True, exist_ok=True)
     for stale in Path(directory).glob(".*.tmp"):
         stale.unlink()
-    write_atomically(path_for(directory, global_step), data)
+    archive = io.BytesIO()
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_STORED) as members:
+        members.writestr(METADATA, json.dumps(metadata))
+        members.writestr(STATE, state)
+    write_atomically(path_for(directory, metadata["global_step"]), archive.getvalue())
     for old in sorted(Path(directory).glob(PATTERN))[:-keep]:
         old.unlink()
 
 
+def read(path, decode):
+    """A checkpoint's metadata with the framework's parts, decode(state bytes), merged in."""
+    with zipfile.ZipFile(path) as members:  # reading a member checks its CRC-32
+        metadata = json.loads(members.read(METADATA))
+        return {**metadata, **decode(members.read(STATE))}
+
+
 def load_newest_valid(directory, decode):
-    """(path, decode(bytes)) of the newest checkpoint that decodes, or (None, None) if there is
-    none. A checkpoint that does not decode (truncated, corrupt) is skipped with a warning."""
+    """(path, state) of the newest checkpoint that reads and decodes (see `read`), or (None, None)
+    if there is none. One that does not (truncated, corrupt) is skipped with a warning."""
     for path in sorted(Path(directory).glob(PATTERN), reverse=True):
         try:
-            return path, decode(path.read_bytes())
+            return path, read(path, decode)
         except Exception as error:  # any failure to read means: not a usable checkpoint
             warnings.warn(f"skipping checkpoint {path}: it cannot be read ({type(error).__name__}: {error})",
                           stacklevel=2)
@@ -61,13 +81,23 @@ def load_newest_valid(directory, decode):
 
 def fresh_start():
     """Where a run without a checkpoint starts, in the terms of a checkpoint's metadata."""
-    return {"epoch": 0, "step": 0, "global_step": 0, "metrics": {}, "elapsed_s": 0.0, "path": None}
+    return {"epoch": 0, "step": 0, "global_step": 0, "metrics": {}, "elapsed_s": 0.0, "train_s": 0.0, "path": None}
 
 
-def metadata(cfg, epoch, step, global_step, world_size, metrics, elapsed_s):
+def newest_metadata(directory):
+    """The metadata of the newest valid checkpoint, read without any framework (the framework's
+    state is checked by its CRC only), or None. Quiet about damaged ones: the training loop that
+    skips them says so."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return load_newest_valid(directory, decode=lambda state: {})[1]
+
+
+def metadata(cfg, epoch, step, global_step, world_size, metrics, elapsed_s, train_s):
     """The metadata of a checkpoint taken before step `step` of `epoch`: everything a resumed run
     needs besides the framework's state to go on exactly as this one would (see sharding.py for
-    why no RNG state is needed), and what identifies the run."""
+    why no RNG state is needed), what identifies the run, and the time it has taken so far
+    (`elapsed_s` of wall time, `train_s` of it inside training steps)."""
     return {
         "epoch": epoch,
         "step": step,
@@ -75,10 +105,20 @@ def metadata(cfg, epoch, step, global_step, world_size, metrics, elapsed_s):
         "samples_done_in_epoch": step * cfg.train.batch_size * cfg.train.backward_passes_per_step,
         "seed": cfg.train.seed,
         "world_size": world_size,
-        "config_hash": config_hash(cfg),
+        "config_hash": compatibility_hash(cfg),
         "metrics": metrics,
         "elapsed_s": elapsed_s,
+        "train_s": train_s,
     }
+
+
+def compatibility_hash(cfg):
+    """What a checkpoint must agree on with the run that resumes from it: the config without
+    train.epochs, which says only where training stops (resume=DIR train.epochs=N extends a run;
+    the LR schedule takes it as an argument, see lr_schedule.py)."""
+    unbounded = copy.deepcopy(cfg)
+    unbounded.train.epochs = 0
+    return config_hash(unbounded)
 
 
 def resume_state(directory, cfg, decode):
@@ -101,8 +141,11 @@ def resume_state(directory, cfg, decode):
 
 
 def _mismatch(state, cfg, path, world_size):
-    if state["config_hash"] != config_hash(cfg):
+    if state["config_hash"] != compatibility_hash(cfg):
         return f"checkpoint {path} was written by a run with another config; it cannot be resumed with this one"
+    if state["epoch"] > cfg.train.epochs:
+        return (f"checkpoint {path} has {state['epoch']} epochs done, more than train.epochs={cfg.train.epochs} "
+                f"of this run")
     if state["world_size"] != world_size:
         return (f"checkpoint {path} was written by {state['world_size']} ranks and this run has {world_size}: "
                 f"resume on the same number of ranks")

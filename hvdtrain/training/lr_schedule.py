@@ -4,9 +4,17 @@ Warmup (Goyal et al. 2017, "gradual warmup"): from the base LR at the first iter
 peak LR, by the same amount every iteration, over `warmup_epochs`. Then the decay: step and
 multistep count epochs from the start of training (as the published schedules do), cosine and
 poly run from the end of the warmup to the end of training.
+
+So extending a run (`hvdtrain resume=DIR train.epochs=N`) leaves a constant, step or multistep
+schedule as it is: the extended run trains on exactly as one started with N epochs. A cosine or
+poly decay is stretched to end at epoch N instead: from where the run stands its LR follows the
+N-epoch curve (it rises again from the final LR the finished run had reached), while the epochs
+done keep the LR they were trained with, so the result is not that of a run started with N.
 """
 
 import math
+
+DECAYS_TO_THE_END = ("cosine", "poly")  # shaped by train.epochs; the others by the epoch alone
 
 
 def learning_rate(progress, schedule, base_lr, peak_lr, epochs):

@@ -2,9 +2,8 @@
 story, told with TensorFlow, so that a recipe means the same in both frameworks.
 
 Every rank runs `train(cfg, run_dir)`: init -> build the task (a Keras model, input sharded as in
-the PyTorch loop) -> start from rank 0's weights, or from the newest valid checkpoint that rank 0
-reads and broadcasts -> train -> evaluate on sharded validation data with exactly reduced sums ->
-rank 0 logs, checkpoints and reports, through the same framework-neutral modules.
+the PyTorch loop) -> the shared loop (loop.py: start or resume, epochs of steps, checkpoints,
+evaluation, progress) with TensorFlow's part of each, through the same framework-neutral modules.
 
 Two choices keep the semantics of the PyTorch loop:
 - The update is torch.optim.SGD's (`SGD` below), not Keras's SGD: Keras decays the weights apart
@@ -13,13 +12,12 @@ Two choices keep the semantics of the PyTorch loop:
 - Each backward pass's gradients are summed on the rank and the sums averaged over the ranks in
   one grouped allreduce per step, as Horovod's DistributedOptimizer does with
   backward_passes_per_step; hvd.DistributedGradientTape would reduce after every pass.
-Checkpoints are NumPy .npz archives of arrays and JSON metadata, read with allow_pickle=False, so
-loading one runs no code. TensorFlow's op determinism is on: a resumed run repeats the
+A checkpoint's state is a NumPy .npz archive of arrays, read with allow_pickle=False, so loading
+one runs no code. TensorFlow's op determinism is on: a resumed run repeats the
 interrupted one bit for bit.
 """
 
 import io
-import json
 import time
 
 import keras
@@ -27,11 +25,9 @@ import numpy as np
 import tensorflow as tf
 
 import hvdtrain.tensorflow as hvd
-from hvdtrain.training import checkpoint, sharding
+from hvdtrain.training import loop, sharding
 from hvdtrain.runner.cluster import job_hosts
-from hvdtrain.training.lr_schedule import learning_rate
 from hvdtrain.runner.plan import make_plan
-from hvdtrain.reporting.progress import Progress
 from hvdtrain.tasks.data_tensorflow import build_datasets
 from hvdtrain.tasks.models_tensorflow import build_model
 
@@ -39,7 +35,6 @@ from hvdtrain.tasks.models_tensorflow import build_model
 def train(cfg, run_dir):
     session_start = time.time()
     hvd.init()
-    rank, size = hvd.rank(), hvd.size()
     if keras.backend.backend() != "tensorflow":
         raise RuntimeError(f"recipe.framework=tensorflow trains with TensorFlow, but Keras runs on "
                            f"{keras.backend.backend()} (KERAS_BACKEND): set KERAS_BACKEND=tensorflow or leave it unset")
@@ -50,38 +45,25 @@ def train(cfg, run_dir):
         keras.mixed_precision.set_global_policy("mixed_bfloat16")
     train_set, val_set = build_datasets(cfg.data, cfg.model.num_classes, cfg.train.seed)
     plan = make_plan(cfg, job_hosts(), train_size=len(train_set))
-    steps, epochs = plan.steps_per_epoch, cfg.train.epochs
     passes = cfg.train.backward_passes_per_step
-    samples_per_step = cfg.train.batch_size * passes
 
     model = build_model(cfg.model, cfg.data.image_size)
     optimizer = SGD(model, cfg.optimizer, plan.base_lr)
-    start = _start(cfg, run_dir, model, optimizer)
 
-    progress = Progress(cfg, plan, run_dir, start, session_start)
-    global_step, metrics, lr = start["global_step"], start["metrics"], plan.base_lr
-    for epoch in range(start["epoch"], epochs):
-        first = start["step"] if epoch == start["epoch"] else 0
-        shard = sharding.train_shard(len(train_set), cfg.train.seed, epoch, rank, size)
-        indices = shard[first * samples_per_step:steps * samples_per_step]
+    def epoch_batches(epoch, indices):
         seeds = [sharding.sample_seed(cfg.train.seed, epoch, i) for i in indices]
-        batches = iter(train_set.batches(indices, cfg.train.batch_size, seeds))
-        for step in range(first, steps):
-            began = time.perf_counter()
-            lr = learning_rate(epoch + step / steps, cfg.schedule, plan.base_lr, plan.peak_lr, epochs)
-            optimizer.set_learning_rate(lr)
-            loss = _train_step(model, optimizer, batches, passes)
-            global_step += 1
-            progress.step_done(epoch, step, global_step, lr, loss, time.perf_counter() - began)
-            every = cfg.train.checkpoint_every_steps
-            if every and global_step % every == 0 and step < steps - 1:
-                _save(cfg, run_dir, model, optimizer, epoch, step + 1, global_step, metrics, progress.elapsed_s())
+        return iter(train_set.batches(indices, cfg.train.batch_size, seeds))
 
-        if ((epoch + 1) % cfg.train.eval_every_epochs == 0 or epoch + 1 == epochs) and len(val_set):
-            metrics = evaluate(model, val_set, cfg)
-            progress.evaluated(epoch + 1, global_step, lr, metrics)
-        _save(cfg, run_dir, model, optimizer, epoch + 1, 0, global_step, metrics, progress.elapsed_s())
-    progress.finish(metrics)
+    def step(batches, lr, global_step):
+        optimizer.set_learning_rate(lr)
+        return _train_step(model, optimizer, batches, passes)
+
+    loop.run(cfg, plan, run_dir, session_start, len(train_set),
+             decode=_decode, restore=lambda state: _restore(state, model, optimizer),
+             broadcast_initial=lambda: hvd.broadcast_variables(model.weights, root_rank=0),
+             epoch_batches=epoch_batches, train_step=step,
+             evaluate=(lambda: evaluate(model, val_set, cfg)) if len(val_set) else None,
+             checkpoint_state=lambda: _checkpoint_state(model, optimizer))
 
 
 def _train_step(model, optimizer, batches, passes):
@@ -177,39 +159,31 @@ def _average_statistics(model):
         variable.assign(value)
 
 
-def _start(cfg, run_dir, model, optimizer):
-    """Where training starts: rank 0 reads the newest valid checkpoint, if any, and broadcasts it;
-    otherwise every rank takes rank 0's initial weights."""
-    state = checkpoint.resume_state(run_dir / "checkpoints", cfg, _decode)
-    if state is None:
-        hvd.broadcast_variables(model.weights, root_rank=0)
-        return checkpoint.fresh_start()
+def _restore(state, model, optimizer):
     for variable in model.weights:
         variable.assign(state["model"][variable.path])
     for variable, buffer in zip(optimizer.variables, optimizer.buffers):
         buffer.assign(state["momentum"][variable.path])
     optimizer.lr = state["lr"]
-    return state
 
 
-def _save(cfg, run_dir, model, optimizer, epoch, step, global_step, metrics, elapsed_s):
-    """Checkpoint (on rank 0) the state before step `step` of `epoch`."""
+def _checkpoint_state(model, optimizer):
+    """The bytes of a checkpoint's TensorFlow state, on rank 0: weights, momentum buffers and the
+    last LR (for set_learning_rate without momentum correction)."""
     _average_statistics(model)
     if hvd.rank() != 0:
-        return
-    metadata = checkpoint.metadata(cfg, epoch, step, global_step, hvd.size(), metrics, elapsed_s)
-    metadata["lr"] = optimizer.lr  # the last LR, for set_learning_rate without momentum correction
+        return None
     arrays = {f"model/{v.path}": v.numpy() for v in model.weights}
     arrays.update({f"momentum/{v.path}": b.numpy() for v, b in zip(optimizer.variables, optimizer.buffers)})
     buffer = io.BytesIO()
-    np.savez(buffer, metadata=np.array(json.dumps(metadata)), **arrays)
-    checkpoint.save(run_dir / "checkpoints", global_step, buffer.getvalue(), cfg.train.keep_checkpoints)
+    np.savez(buffer, lr=np.array(optimizer.lr), **arrays)
+    return buffer.getvalue()
 
 
 def _decode(data):
     with np.load(io.BytesIO(data), allow_pickle=False) as archive:
         arrays = {name: archive[name] for name in archive.files}
-    state = json.loads(str(arrays.pop("metadata")))
+    state = {"lr": float(arrays.pop("lr"))}
     for part in ("model", "momentum"):
         state[part] = {name[len(part) + 1:]: array for name, array in arrays.items() if name.startswith(part + "/")}
     return state

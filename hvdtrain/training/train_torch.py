@@ -1,10 +1,10 @@
 """Data-parallel training with PyTorch on `hvdtrain.torch`, written as a Horovod user writes it.
 
-Every rank runs `train(cfg, run_dir)`: init -> build the task (model, sharded data) -> start from
-rank 0's weights, or from the newest valid checkpoint that rank 0 reads and broadcasts -> train
-with the DistributedOptimizer -> evaluate on sharded validation data with exactly reduced sums ->
-rank 0 logs, checkpoints and reports. Everything that is not PyTorch (plan, sharding, LR
-schedule, checkpoint files, progress, logs, report) lives in framework-neutral modules, which
+Every rank runs `train(cfg, run_dir)`: init -> build the task (model, sharded data) and the
+DistributedOptimizer -> the shared loop (loop.py: start or resume, epochs of steps, checkpoints,
+evaluation, progress) with PyTorch's part of each: a training step, sharded evaluation with
+exactly reduced sums, the state of a checkpoint. Everything that is not PyTorch (plan, sharding,
+LR schedule, checkpoint files, progress, logs, report) lives in framework-neutral modules, which
 the sibling loop train_tensorflow.py uses as well.
 """
 
@@ -16,11 +16,9 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 import hvdtrain.torch as hvd
-from hvdtrain.training import checkpoint, sharding
+from hvdtrain.training import loop, sharding
 from hvdtrain.runner.cluster import job_hosts
-from hvdtrain.training.lr_schedule import learning_rate
 from hvdtrain.runner.plan import make_plan
-from hvdtrain.reporting.progress import Progress
 from hvdtrain.tasks.data_torch import build_datasets
 from hvdtrain.tasks.models_torch import build_model
 
@@ -28,14 +26,11 @@ from hvdtrain.tasks.models_torch import build_model
 def train(cfg, run_dir):
     session_start = time.time()
     hvd.init()
-    rank, size = hvd.rank(), hvd.size()
     device = _device(cfg.train.device)
     torch.manual_seed(cfg.train.seed)
     train_set, val_set = build_datasets(cfg.data, cfg.model.num_classes, cfg.train.seed)
     plan = make_plan(cfg, job_hosts(), train_size=len(train_set))
-    steps, epochs = plan.steps_per_epoch, cfg.train.epochs
     passes = cfg.train.backward_passes_per_step
-    samples_per_step = cfg.train.batch_size * passes
 
     model = build_model(cfg.model).to(device)
     optimizer = torch.optim.SGD(_parameter_groups(model, cfg.optimizer), lr=plan.base_lr,
@@ -44,34 +39,24 @@ def train(cfg, run_dir):
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                          backward_passes_per_step=passes, op=hvd.Average)
     scaler = torch.amp.GradScaler(device.type, enabled=cfg.train.autocast and device.type == "cuda")
-    start = _start(cfg, run_dir, model, optimizer, scaler)
 
-    progress = Progress(cfg, plan, run_dir, start, session_start)
-    global_step, metrics, lr = start["global_step"], start["metrics"], plan.base_lr
-    for epoch in range(start["epoch"], epochs):
-        model.train()
-        first = start["step"] if epoch == start["epoch"] else 0
-        shard = sharding.train_shard(len(train_set), cfg.train.seed, epoch, rank, size)
-        batches = iter(_loader(train_set, shard[first * samples_per_step:steps * samples_per_step],
-                               cfg, epoch, device))
-        for step in range(first, steps):
-            began = time.perf_counter()
-            lr = learning_rate(epoch + step / steps, cfg.schedule, plan.base_lr, plan.peak_lr, epochs)
-            _set_learning_rate(optimizer, lr, cfg.optimizer.momentum_correction)
-            torch.manual_seed(sharding.step_seed(cfg.train.seed, rank, global_step))
-            loss = _train_step(model, optimizer, scaler, batches, passes, device, cfg.train.autocast)
-            global_step += 1
-            progress.step_done(epoch, step, global_step, lr, loss, time.perf_counter() - began)
-            every = cfg.train.checkpoint_every_steps
-            if every and global_step % every == 0 and step < steps - 1:
-                _save(cfg, run_dir, model, optimizer, scaler, epoch, step + 1, global_step, metrics,
-                      progress.elapsed_s())
+    def restore(state):
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scaler.load_state_dict(state["scaler"])
 
-        if ((epoch + 1) % cfg.train.eval_every_epochs == 0 or epoch + 1 == epochs) and len(val_set):
-            metrics = evaluate(model, val_set, cfg, device)
-            progress.evaluated(epoch + 1, global_step, lr, metrics)
-        _save(cfg, run_dir, model, optimizer, scaler, epoch + 1, 0, global_step, metrics, progress.elapsed_s())
-    progress.finish(metrics)
+    def step(batches, lr, global_step):
+        _set_learning_rate(optimizer, lr, cfg.optimizer.momentum_correction)
+        torch.manual_seed(sharding.step_seed(cfg.train.seed, hvd.rank(), global_step))
+        return _train_step(model, optimizer, scaler, batches, passes, device, cfg.train.autocast)
+
+    loop.run(cfg, plan, run_dir, session_start, len(train_set),
+             decode=_decode, restore=restore,
+             broadcast_initial=lambda: hvd.broadcast_parameters(model.state_dict(), root_rank=0),
+             epoch_batches=lambda epoch, indices: iter(_loader(train_set, indices, cfg, epoch, device)),
+             train_step=step,
+             evaluate=(lambda: evaluate(model, val_set, cfg, device)) if len(val_set) else None,
+             checkpoint_state=lambda: _checkpoint_state(model, optimizer, scaler))
 
 
 def _train_step(model, optimizer, scaler, batches, passes, device, autocast):
@@ -124,33 +109,15 @@ def _average_buffers(model):
         hvd.synchronize(handle)
 
 
-def _start(cfg, run_dir, model, optimizer, scaler):
-    """Where training starts: rank 0 reads the newest valid checkpoint, if any, and broadcasts it;
-    otherwise every rank takes rank 0's initial weights."""
-    state = checkpoint.resume_state(run_dir / "checkpoints", cfg, _decode)
-    if state is None:
-        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-        return checkpoint.fresh_start()
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    scaler.load_state_dict(state["scaler"])
-    return state
-
-
-def _save(cfg, run_dir, model, optimizer, scaler, epoch, step, global_step, metrics, elapsed_s):
-    """Checkpoint (on rank 0) the state before step `step` of `epoch`."""
+def _checkpoint_state(model, optimizer, scaler):
+    """The bytes of a checkpoint's PyTorch state, on rank 0."""
     _average_buffers(model)
     if hvd.rank() != 0:
-        return
-    state = {
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "scaler": scaler.state_dict(),
-        **checkpoint.metadata(cfg, epoch, step, global_step, hvd.size(), metrics, elapsed_s),
-    }
+        return None
     buffer = io.BytesIO()
-    torch.save(state, buffer)
-    checkpoint.save(run_dir / "checkpoints", global_step, buffer.getvalue(), cfg.train.keep_checkpoints)
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict()},
+               buffer)
+    return buffer.getvalue()
 
 
 def _decode(data):

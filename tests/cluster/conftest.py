@@ -5,6 +5,11 @@ bridge and the hosts share a /24 of their own per test session (bridge .1, hosts
 mpirun runs in the root namespace and starts its daemons on the hosts with netns_agent.sh in
 place of ssh; the hosts are named by their addresses, so /etc/hosts stays as it is. Everything is
 made by the `netns_cluster` fixture and removed at the end of the session, also when tests fail.
+
+The hosts share no file system where tests write: every host but the first sees an empty tmpfs
+over this session's pytest temporary directory (the agent mounts it), so that a run that needs a
+file written on another host fails. The first host sees this machine's files, as the host where
+a job is launched does.
 """
 
 import contextlib
@@ -14,6 +19,7 @@ import secrets
 import shutil
 import signal
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Tuple
@@ -56,12 +62,15 @@ class NetnsHost:
 class NetnsCluster:
     hosts: Tuple[NetnsHost, ...]
     subnet: str
+    private_dir: Path  # what every host but the first sees empty
 
     def mpirun_args(self):
-        """What mpirun needs to reach the hosts: the agent, and the bridge for the daemons' (OOB)
-        and the ranks' (TCP BTL) traffic. Ranks on one host use shared memory; ob1 with just these
-        transports makes sure that traffic between hosts goes over TCP through the bridge."""
-        return ["--mca", "plm_ssh_agent", str(AGENT),
+        """What mpirun needs to reach the hosts: the agent (told which directory to hide from which
+        hosts), and the bridge for the daemons' (OOB) and the ranks' (TCP BTL) traffic. Ranks on one
+        host use shared memory; ob1 with just these transports makes sure that traffic between hosts
+        goes over TCP through the bridge."""
+        agent = f"{AGENT} {self.private_dir} {self.hosts[0].address}"  # Open MPI splits it at spaces
+        return ["--mca", "plm_ssh_agent", agent,
                 "--mca", "oob_tcp_if_include", self.subnet,
                 "--mca", "btl_tcp_if_include", self.subnet,
                 "--mca", "pml", "ob1", "--mca", "btl", "self,sm,tcp"]
@@ -76,13 +85,28 @@ def free_subnet():
             return prefix
 
 
+def private_directory(tmp_path_factory):
+    """The directory the hosts do not share: this session's pytest temporary directory. What every
+    host runs (the repository, the virtual environment) must lie outside it."""
+    private = tmp_path_factory.getbasetemp().resolve()
+    needed = {"the repository": AGENT.parent.parent.parent, "the Python environment": Path(sys.prefix).resolve()}
+    for what, path in needed.items():
+        if path == private or private in path.parents:
+            raise RuntimeError(f"{what} ({path}) lies in pytest's temporary directory {private}, which the cluster "
+                               f"tests hide from all hosts but one: give pytest another --basetemp")
+    if " " in str(private) or " " in str(AGENT):
+        raise RuntimeError(f"the cluster tests cannot pass {AGENT} {private} to Open MPI's agent: a path has a space")
+    return private
+
+
 @pytest.fixture(scope="session")
-def netns_cluster():
+def netns_cluster(tmp_path_factory):
     if os.geteuid() != 0:
         pytest.skip("the cluster tests make network namespaces, which needs root")
-    missing = [tool for tool in ("ip", "unshare") if shutil.which(tool) is None]
+    missing = [tool for tool in ("ip", "unshare", "mount") if shutil.which(tool) is None]
     if missing:
         pytest.skip(f"the cluster tests need {' and '.join(missing)} (iproute2, util-linux) on PATH")
+    private = private_directory(tmp_path_factory)
 
     # Names unique to this session (interface names have at most 15 characters), so that two
     # sessions at once, or the remains of one that was killed, cannot clash.
@@ -106,7 +130,7 @@ def netns_cluster():
             ip("-n", host.namespace, "addr", "add", f"{host.address}/24", "dev", "eth0")
             ip("-n", host.namespace, "link", "set", "eth0", "up")
             ip("-n", host.namespace, "link", "set", "lo", "up")
-        yield NetnsCluster(hosts, f"{prefix}0/24")
+        yield NetnsCluster(hosts, f"{prefix}0/24", private)
     finally:
         remove_cluster(hosts, undo)
 

@@ -1,6 +1,7 @@
-"""What the runner's tests share: composing a config as `hvdtrain` does, running the command, and
-crashing a run to resume it."""
+"""What the runner's tests share: composing a config as `hvdtrain` does, running the command,
+crashing a run to resume it, and reading what a run leaves."""
 
+import json
 import os
 import signal
 import subprocess
@@ -12,6 +13,7 @@ import pytest
 
 from hvdtrain.runner.config import CONF_DIR, register_configs, typed
 from hvdtrain.reporting.run_log import read_history
+from hvdtrain.training import checkpoint
 
 
 def compose(*overrides):
@@ -64,23 +66,39 @@ def wait_until(condition, timeout, what):
         time.sleep(0.02)
 
 
-def crash_and_resume(run_dir, *args, timeout=240):
-    """Run `hvdtrain ARGS` into run_dir and kill all its processes at once (a crash) as soon as it
-    has written two checkpoints; cut the newest one short, as if the disk had lost its end; then
-    `hvdtrain resume=RUN_DIR`, which skips that checkpoint and goes on from the one before."""
+def start_and_kill(run_dir, *args, until, timeout=240):
+    """Start `hvdtrain ARGS` into run_dir, and kill all its processes at once (a crash) as soon as
+    `until()` returns something true, which is returned."""
     with open(run_dir.parent / "killed.log", "w") as log:
         process = subprocess.Popen([sys.executable, "-m", "hvdtrain.runner.cli", *args, f"hydra.run.dir={run_dir}"],
                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    observed = None
+
+    def observe():
+        nonlocal observed
+        observed = until()
+        return observed
+
     try:
-        wait_until(lambda: len(list((run_dir / "checkpoints").glob("step-*.ckpt"))) >= 2, timeout,
-                   "two checkpoints")
+        wait_until(observe, timeout, "the moment to kill the run")
     finally:
         os.killpg(process.pid, signal.SIGKILL)
         for pid in processes_mentioning(str(run_dir)):
             os.kill(pid, signal.SIGKILL)
         process.wait()
     wait_until(lambda: not processes_mentioning(str(run_dir)), 30, "the killed ranks to be gone")
-    assert not (run_dir / "results.json").exists(), "the run ended before it could be killed"
+    return observed
+
+
+def crash_and_resume(run_dir, *args, timeout=240):
+    """Run `hvdtrain ARGS` into run_dir and kill it as soon as it has written two checkpoints; cut
+    the newest one short, as if the disk had lost its end; then `hvdtrain resume=RUN_DIR`, which
+    skips that checkpoint and goes on from the one before."""
+    start_and_kill(run_dir, *args, until=lambda: len(list((run_dir / "checkpoints").glob("step-*.ckpt"))) >= 2,
+                   timeout=timeout)
+    results = run_dir / "results.json"
+    assert not results.exists() or json.loads(results.read_text())["epochs_completed"] < 12, \
+        "the run ended before it could be killed"
 
     newest = sorted((run_dir / "checkpoints").glob("step-*.ckpt"))[-1]
     newest.write_bytes(newest.read_bytes()[:1000])
@@ -88,6 +106,25 @@ def crash_and_resume(run_dir, *args, timeout=240):
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"skipping checkpoint {newest}" in result.stderr
     assert "hvdtrain: resuming at epoch" in result.stdout
+
+
+def newest_checkpoint(run_dir, decode):
+    """A run's newest checkpoint, its framework's state decoded by `decode`, metadata merged in."""
+    return checkpoint.read(sorted((run_dir / "checkpoints").glob("step-*.ckpt"))[-1], decode)
+
+
+def results_of(run_dir):
+    return json.loads((run_dir / "results.json").read_text())
+
+
+def assert_the_figures_divide(results, samples_trained):
+    """The throughput figures of results.json are what their names say: samples trained over the
+    reported seconds (hvdtrain/reporting/report.py)."""
+    assert results["samples_trained"] == samples_trained
+    assert 0 < results["train_time_s"] < results["wall_time_s"]
+    assert results["train_samples_per_s"] == pytest.approx(samples_trained / results["train_time_s"], rel=1e-12)
+    assert results["wall_samples_per_s"] == pytest.approx(samples_trained / results["wall_time_s"], rel=1e-12)
+    assert results["samples_per_s"] == results["train_samples_per_s"]
 
 
 def history(run_dir):

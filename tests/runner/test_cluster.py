@@ -1,9 +1,13 @@
+import socket
+
 import pytest
 from omegaconf import OmegaConf
 
 from hvdtrain.runner import cluster
 from hvdtrain.runner.config import ClusterConfig, ConfigError
 from hvdtrain.runner.launcher import Host
+
+from runner.support import compose
 
 
 def layout(name, num_hosts, slots, **values):
@@ -38,6 +42,54 @@ def test_hosts_come_from_the_config_a_hostfile_or_slurm(tmp_path):
 def test_hosts_that_cannot_carry_the_layout_are_refused(cfg, env, message):
     with pytest.raises(ConfigError, match=message):
         cluster.resolve_hosts(cfg, env=env)
+
+
+def test_hosts_given_with_the_local_layout_are_used(tmp_path):
+    # `local` is this machine only when nothing names another host, as with horovodrun -np 2.
+    assert cluster.resolve_hosts(compose("cluster.hosts=[n1,n2]").cluster, env={}) == [Host("n1", 2)]
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("n1 slots=4\n")
+    assert cluster.resolve_hosts(compose(f"cluster.hostfile={hostfile}").cluster, env={}) == [Host("n1", 2)]
+    assert cluster.resolve_hosts(compose().cluster, env={}) == [Host("localhost", 2)]
+    # ...but not the nodes of a Slurm allocation: in a batch job, `local` is the node the script runs on.
+    slurm = {"SLURM_JOB_NODELIST": "c[1-2]", "SLURM_TASKS_PER_NODE": "1(x2)"}
+    assert cluster.resolve_hosts(compose().cluster, env=slurm) == [Host("localhost", 2)]
+
+
+@pytest.mark.parametrize("contents,message", [
+    ("n1 slots=4\nn2 slotz=4\n",
+     "line 2: unexpected field 'slotz=4'; a host line is 'name', 'name slots=N' or 'name:N'"),
+    ("n1 slots=4 max_slots=8\n", "line 1: unexpected field 'max_slots=8'"),
+    ("# hosts\n\nn1 slots=four\n", "line 3: 'n1:four' is not a host"),
+])
+def test_a_hostfile_line_that_cannot_be_read_is_refused_with_its_file_and_line(contents, message, tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text(contents)
+    with pytest.raises(ConfigError) as error:
+        cluster.resolve_hosts(layout("2x4", 2, 4, hostfile=str(hostfile)), env={})
+    assert str(error.value).startswith(f"invalid config: cluster.hostfile={hostfile} {message}")
+
+
+def test_a_hostfile_is_never_ignored(tmp_path):
+    with pytest.raises(ConfigError, match=r"^invalid config: cluster.hostfile='/no/such/hostfile': no such file$"):
+        cluster.resolve_hosts(compose("cluster.hostfile=/no/such/hostfile").cluster, env={})
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("n1\n")
+    with pytest.raises(ConfigError, match=r"cluster.hosts=\['a', 'b'\] and cluster.hostfile='.*' both name hosts; "
+                                          r"give one of them"):
+        cluster.resolve_hosts(layout("2x4", 2, 4, hosts=["a", "b"], hostfile=str(hostfile)), env={})
+
+
+def test_a_dry_run_names_hosts_it_was_not_given_as_placeholders():
+    assert cluster.resolve_hosts(layout("2x8", 2, 8), env={}, dry_run=True) == [Host("<host0>", 8), Host("<host1>", 8)]
+    with pytest.raises(ConfigError, match="needs 2 hosts but cluster.hosts gives 1: a"):
+        cluster.resolve_hosts(layout("2x8", 2, 8, hosts=["a"]), env={}, dry_run=True)  # hosts given are checked
+
+
+def test_cuda_is_checked_where_the_ranks_run_here():
+    assert cluster.all_on_this_machine([Host("localhost", 2)])
+    assert cluster.all_on_this_machine([Host(socket.gethostname(), 2)])
+    assert not cluster.all_on_this_machine([Host("localhost", 2), Host("node7", 2)])
 
 
 def test_an_existing_job_is_recognised():

@@ -52,9 +52,10 @@ def test_the_recipes_take_their_settings_from_the_source():
     assert (plan.global_batch_size, plan.peak_lr) == (256, 0.1)
 
 
-def test_dry_run_of_resnet101_on_4x4_prints_the_plan(image_tree):
+def test_dry_run_of_resnet101_on_4x4_prints_the_plan():
+    # The plan reads no data: a dry run needs no data.root (ImageNet's size is in its data config).
     result = run_hvdtrain("recipe=resnet101_imagenet", "cluster=4x4", "cluster.hosts=[h1,h2,h3,h4]",
-                          f"data.root={image_tree}", "dry_run=true", "hydra.run.dir=runs/never-made")
+                          "dry_run=true", "hydra.run.dir=runs/never-made")
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)  # one JSON object and nothing else on stdout
     command = plan.pop("launch_command")
@@ -77,6 +78,40 @@ def test_dry_run_of_resnet101_on_4x4_prints_the_plan(image_tree):
     assert command[-3:-1] == ["-m", "hvdtrain.runner.worker"]
 
 
+def test_dry_run_without_hosts_names_placeholders_and_a_real_launch_still_needs_them(tmp_path):
+    result = run_hvdtrain("recipe=resnet101_imagenet", "cluster=4x4", "dry_run=true", "hydra.run.dir=runs/never-made")
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    assert plan["hosts"] == [{"host": f"<host{i}>", "slots": 4} for i in range(4)]
+    assert (plan["world_size"], plan["global_batch_size"], plan["steps_per_epoch"]) == (16, 512, 2502)
+    command = plan["launch_command"]
+    assert command[command.index("-H") + 1] == "<host0>:4,<host1>:4,<host2>:4,<host3>:4"
+
+    result = run_hvdtrain("recipe=resnet101_imagenet", "cluster=4x4", "data.root=/nowhere",
+                          f"hydra.run.dir={tmp_path / 'run'}")
+    assert result.returncode == 2
+    assert result.stderr == ("hvdtrain: invalid config: data.root='/nowhere': has no train/ and no val/ directory "
+                             "(an ImageFolder tree needs /nowhere/train and /nowhere/val)\n")
+
+
+def test_the_plan_knows_imagenets_size_and_leaves_an_unknown_one_open():
+    imagenet = compose("recipe=resnet50_imagenet", "dry_run=true")
+    assert (imagenet.data.train_size, imagenet.data.val_size) == (1281167, 50000)
+    assert make_plan(imagenet, cluster.resolve_hosts(imagenet.cluster)).steps_per_epoch == 1281167 // 8 // 32
+    validate(imagenet)  # no data.root: a dry run does not read the data
+    any_tree = compose("recipe=resnet50_imagenet", "data=imagefolder", "dry_run=true")
+    assert any_tree.data.train_size is None
+    assert make_plan(any_tree, cluster.resolve_hosts(any_tree.cluster)).steps_per_epoch is None
+
+
+def test_a_data_set_smaller_than_one_global_batch_is_refused():
+    cfg = compose("train.batch_size=1000")
+    with pytest.raises(ConfigError) as error:
+        make_plan(cfg, cluster.resolve_hosts(cfg.cluster))
+    assert str(error.value) == ("invalid config: data.train_size=1437: fewer training samples than one global batch "
+                                "(2000 = 2 ranks x train.batch_size=1000 x train.backward_passes_per_step=1)")
+
+
 def test_dry_run_takes_the_hosts_of_a_slurm_allocation(image_tree):
     result = run_hvdtrain("recipe=resnet101_imagenet", "cluster=2x4", f"data.root={image_tree}", "dry_run=true",
                           "cluster.mpirun_args=[--mca,plm_rsh_agent,/usr/bin/ssh]",
@@ -95,10 +130,10 @@ BAD_INPUTS = {
     "warmup longer than training": (["schedule.warmup_epochs=50"], "schedule.warmup_epochs=50.0: must be between 0 and"),
     "missing data root": (["recipe=resnet50_imagenet"], "data.root is not set"),
     "batch size 0": (["train.batch_size=0"], "train.batch_size=0: must be a positive"),
-    "unknown cluster": (["cluster=3x7"], "Could not find 'cluster/3x7'"),
+    "unknown cluster": (["cluster=3x7"], "cluster='3x7': unknown cluster; allowed: 1x1, 1x2"),
     "multi-host layout without hosts": (["cluster=4x4"], "cluster=4x4 needs 4 hosts but none were given"),
     "too few slots on a host": (["cluster=2x4", "cluster.hosts=[a:4,b:2]"], "host b offers 2"),
-    "unknown key": (["train.bach_size=3"], "Key 'bach_size' not in 'TrainConfig'"),
+    "unknown key": (["train.bach_size=3"], "train.bach_size: unknown key; did you mean train.batch_size?"),
 }
 
 

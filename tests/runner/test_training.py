@@ -1,7 +1,9 @@
-"""Training runs, each with real ranks: the default digits recipe; a run killed after a
-checkpoint and resumed ends exactly as an uninterrupted one; an ImageFolder recipe trained
-inside an existing mpirun job; a failing worker; a sweep; exact validation sums."""
+"""Training runs, each with real ranks: the default digits recipe and the figures it reports; a
+run killed after a checkpoint and resumed ends exactly as an uninterrupted one; a finished run is
+not resumed, and an extended one ends as one started with its new epochs; an ImageFolder recipe
+trained inside an existing mpirun job; a failing worker; a sweep; exact validation sums."""
 
+import io
 import json
 import re
 import sys
@@ -9,8 +11,10 @@ import sys
 import pytest
 
 from hvdtrain.runner import launcher
+from hvdtrain.reporting.report import throughput
 from hvdtrain.reporting.run_log import read_history
-from runner.support import crash_and_resume, history, run_hvdtrain
+from runner.support import (assert_the_figures_divide, crash_and_resume, history, newest_checkpoint, results_of,
+                            run_hvdtrain, start_and_kill)
 
 TIMEOUT = 240
 
@@ -18,8 +22,23 @@ TIMEOUT = 240
 def last_checkpoint(run_dir):
     import torch
 
-    path = sorted((run_dir / "checkpoints").glob("step-*.ckpt"))[-1]
-    return torch.load(path, weights_only=True)
+    return newest_checkpoint(run_dir, lambda data: torch.load(io.BytesIO(data), weights_only=True))
+
+
+def assert_same_weights(run_dir, expected_dir):
+    """The newest checkpoints of two runs hold the same weights and momentum buffers, bit for bit."""
+    import torch
+
+    resumed, expected = last_checkpoint(run_dir), last_checkpoint(expected_dir)
+    assert resumed["global_step"] == expected["global_step"]
+    for name, tensor in expected["model"].items():
+        assert torch.equal(resumed["model"][name], tensor), name
+    for index, state in expected["optimizer"]["state"].items():
+        assert torch.equal(resumed["optimizer"]["state"][index]["momentum_buffer"], state["momentum_buffer"])
+
+
+def files_of(run_dir):
+    return {path: path.read_bytes() for path in sorted(run_dir.rglob("*")) if path.is_file()}
 
 
 @pytest.fixture(scope="module")
@@ -70,28 +89,110 @@ def test_a_run_asked_for_a_progress_bar_draws_one(tmp_path):
     assert not re.search(r"^step \d+  epoch \S+  lr \S+  loss \S+  \d+ samples/s", result.stderr, re.MULTILINE)
 
 
+def test_the_throughput_figures_divide_and_the_summary_prints_them_so(default_run):
+    run_dir, result = default_run
+    results = results_of(run_dir)
+    assert (results["epochs_completed"], results["epochs"]) == (12, 12)
+    assert_the_figures_divide(results, samples_trained=264 * 64)  # 12 epochs x 22 steps x 64 samples
+    summary = f"hvdtrain: digits finished 12 of 12 epochs on 2 ranks: {throughput(results)}"
+    assert summary in result.stdout and "16896 samples in " in summary
+    assert f"| trained | {throughput(results)} |" in (run_dir / "report.md").read_text()
+
+
 def test_a_killed_run_resumes_to_the_same_weights(default_run, tmp_path):
     uninterrupted, _ = default_run
     run_dir = tmp_path / "run"
     crash_and_resume(run_dir, timeout=TIMEOUT)
 
-    import torch
-
-    resumed, expected = last_checkpoint(run_dir), last_checkpoint(uninterrupted)
-    assert resumed["global_step"] == expected["global_step"] == 264
-    for name, tensor in expected["model"].items():
-        assert torch.equal(resumed["model"][name], tensor), name
-    for index, state in expected["optimizer"]["state"].items():
-        assert torch.equal(resumed["optimizer"]["state"][index]["momentum_buffer"], state["momentum_buffer"])
+    assert last_checkpoint(run_dir)["global_step"] == 264
+    assert_same_weights(run_dir, uninterrupted)
     assert history(run_dir) == history(uninterrupted)
-    assert json.loads((run_dir / "results.json").read_text())["metrics"] == \
-        json.loads((uninterrupted / "results.json").read_text())["metrics"]
+    assert results_of(run_dir)["metrics"] == results_of(uninterrupted)["metrics"]
+    assert_the_figures_divide(results_of(run_dir), samples_trained=264 * 64)
 
 
 def test_resume_refuses_other_overrides(default_run):
     run_dir, _ = default_run
-    result = run_hvdtrain(f"resume={run_dir}", "train.epochs=30")
-    assert result.returncode != 0 and "cannot be combined with train.epochs=30" in result.stderr
+    result = run_hvdtrain(f"resume={run_dir}", "optimizer.base_lr=0.2")
+    assert result.returncode != 0 and "cannot be combined with optimizer.base_lr=0.2" in result.stderr
+
+
+def test_resuming_a_finished_run_says_so_and_changes_nothing(default_run):
+    run_dir, _ = default_run
+    before = files_of(run_dir)
+    result = run_hvdtrain(f"resume={run_dir}")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout == (f"hvdtrain: {run_dir} finished all 12 epochs; nothing to resume "
+                             f"(extend it with resume={run_dir} train.epochs=M)\n")
+    assert files_of(run_dir) == before
+
+
+def test_extending_a_cosine_run_says_what_becomes_of_its_schedule(default_run):
+    run_dir, _ = default_run
+    before = files_of(run_dir)
+    result = run_hvdtrain(f"resume={run_dir}", "train.epochs=14", "dry_run=true")
+    assert result.returncode == 0, result.stdout + result.stderr
+    notice, plan = result.stdout.splitlines()
+    assert notice == (f"hvdtrain: extending {run_dir} from 12 to 14 epochs; its cosine decay is stretched to end "
+                      f"at epoch 14: from epoch 12 on the LR follows the 14-epoch curve, so the result is not that "
+                      f"of a run started with train.epochs=14")
+    assert json.loads(plan)["epochs"] == 14
+    assert files_of(run_dir) == before, "a dry run writes nothing"
+
+
+@pytest.fixture(scope="module")
+def extended_run(tmp_path_factory):
+    """A 2-epoch run with a constant LR, killed as soon as its first results.json appears, resumed
+    to its end, then extended to 3 epochs: (run dir, the results.json seen when it was killed,
+    the extension's output)."""
+    run_dir = tmp_path_factory.mktemp("extended") / "run"
+    results = run_dir / "results.json"
+    early = start_and_kill(run_dir, "schedule=constant", "train.epochs=2",
+                           until=lambda: results.exists() and results_of(run_dir), timeout=TIMEOUT)
+    for args in ([], ["train.epochs=3"]):
+        result = run_hvdtrain(f"resume={run_dir}", *args, timeout=TIMEOUT)
+        assert result.returncode == 0, result.stdout + result.stderr
+    return run_dir, early, result
+
+
+@pytest.fixture(scope="module")
+def constant_run(tmp_path_factory):
+    """The same recipe trained for 3 epochs at once."""
+    run_dir = tmp_path_factory.mktemp("constant") / "run"
+    result = run_hvdtrain("schedule=constant", "train.epochs=3", f"hydra.run.dir={run_dir}", timeout=TIMEOUT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return run_dir
+
+
+def test_a_run_stopped_early_reports_the_epochs_it_completed(extended_run):
+    _, early, _ = extended_run
+    assert (early["epochs_completed"], early["epochs"]) == (1, 2)
+    assert_the_figures_divide(early, samples_trained=22 * 64)
+
+
+def test_an_extended_run_ends_as_one_started_with_its_new_epochs(extended_run, constant_run):
+    run_dir, _, result = extended_run
+    assert (f"hvdtrain: extending {run_dir} from 2 to 3 epochs; its constant schedule does not depend on "
+            f"train.epochs: it trains on as a run started with train.epochs=3 would") in result.stdout
+    assert "hvdtrain: resuming at epoch 2, step 0" in result.stdout
+    assert "train:\n  epochs: 3\n" in (run_dir / "config.yaml").read_text()
+    assert_same_weights(run_dir, constant_run)
+    assert history(run_dir) == history(constant_run)
+    results = results_of(run_dir)
+    assert (results["epochs_completed"], results["epochs"]) == (3, 3)
+    assert results["metrics"] == results_of(constant_run)["metrics"]
+    assert_the_figures_divide(results, samples_trained=3 * 22 * 64)
+
+
+@pytest.mark.parametrize("epochs", [3, 2])
+def test_extending_to_no_more_epochs_than_done_is_refused_with_the_numbers(extended_run, epochs):
+    run_dir, _, _ = extended_run
+    before = files_of(run_dir)
+    result = run_hvdtrain(f"resume={run_dir}", f"train.epochs={epochs}")
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == (f"hvdtrain: train.epochs={epochs}: {run_dir} has done 3 of its 3 epochs already; "
+                             f"resume={run_dir} train.epochs=N trains on to N epochs, N more than 3\n")
+    assert files_of(run_dir) == before
 
 
 def test_an_imagefolder_recipe_trains_inside_an_existing_mpirun_job(image_tree, tmp_path):

@@ -1,12 +1,11 @@
 """The runner with recipe.framework=tensorflow, each with real ranks: the digits recipe reaches its
-target and writes every run-directory file; a run killed after a checkpoint and resumed ends
-with the same weights, bit for bit, as an uninterrupted one; an ImageFolder recipe; the loop's
-optimizer is PyTorch's SGD, its gradients are averaged over ranks and passes, its validation sums
-are exact; the synthetic benchmark; neither framework imports the other."""
+target, writes every run-directory file and reports the figures PyTorch's loop does; a run killed
+after a checkpoint and resumed ends with the same weights, bit for bit, as an uninterrupted one;
+an ImageFolder recipe; the loop's optimizer is PyTorch's SGD, its gradients are averaged over ranks
+and passes, its validation sums are exact; the synthetic benchmark; neither framework imports the other."""
 
 import ast
 import io
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +15,9 @@ import pytest
 
 from hvdtrain.reporting.run_log import read_history
 from hvdtrain.runner import launcher
-from runner.support import crash_and_resume, history, run_hvdtrain
+from hvdtrain.reporting.report import throughput
+from runner.support import (assert_the_figures_divide, crash_and_resume, history, newest_checkpoint, results_of,
+                            run_hvdtrain)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -24,11 +25,10 @@ TIMEOUT = 240
 TENSORFLOW = "recipe.framework=tensorflow"
 
 
-def newest_checkpoint(run_dir):
-    """The arrays of a run's newest checkpoint, read as the loop reads them: no pickles."""
-    path = sorted((run_dir / "checkpoints").glob("step-*.ckpt"))[-1]
-    with np.load(io.BytesIO(path.read_bytes()), allow_pickle=False) as archive:
-        return {name: archive[name] for name in archive.files}
+def read_arrays(data):
+    """A checkpoint's TensorFlow state as the arrays it holds, read as the loop reads them: no pickles."""
+    with np.load(io.BytesIO(data), allow_pickle=False) as archive:
+        return {"arrays": {name: archive[name] for name in archive.files}}
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,7 @@ def digits_run(tmp_path_factory):
 
 def test_the_digits_recipe_reaches_its_target_with_tensorflow(digits_run):
     run_dir, result = digits_run
-    results = json.loads((run_dir / "results.json").read_text())
+    results = results_of(run_dir)
     assert results["recipe"] == "digits" and results["framework"] == "tensorflow"
     assert (results["world_size"], results["global_batch_size"], results["epochs_completed"]) == (2, 64, 12)
     assert results["metrics"]["val_top1"] >= 95.0 and results["target_reached"] is True
@@ -56,10 +56,17 @@ def test_the_digits_recipe_reaches_its_target_with_tensorflow(digits_run):
     assert [r["epoch"] for r in records if r["event"] == "eval"] == list(range(1, 13))
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
         "step-000000242.ckpt", "step-000000260.ckpt", "step-000000264.ckpt"]  # every 20 steps and epoch ends, last 3
-    state = newest_checkpoint(run_dir)
-    metadata = json.loads(str(state["metadata"]))
-    assert (metadata["epoch"], metadata["step"], metadata["global_step"], metadata["world_size"]) == (12, 0, 264, 2)
-    assert {"model/digits_mlp/hidden/kernel", "momentum/digits_mlp/hidden/kernel"} <= set(state)
+    state = newest_checkpoint(run_dir, read_arrays)
+    assert (state["epoch"], state["step"], state["global_step"], state["world_size"]) == (12, 0, 264, 2)
+    assert {"model/digits_mlp/hidden/kernel", "momentum/digits_mlp/hidden/kernel", "lr"} <= set(state["arrays"])
+
+
+def test_tensorflow_reports_the_figures_as_torch_does(digits_run):
+    run_dir, result = digits_run
+    results = results_of(run_dir)
+    assert (results["epochs_completed"], results["epochs"]) == (12, 12)
+    assert_the_figures_divide(results, samples_trained=264 * 64)
+    assert f"hvdtrain: digits finished 12 of 12 epochs on 2 ranks: {throughput(results)}" in result.stdout
 
 
 def test_a_killed_tensorflow_run_resumes_to_the_same_weights(digits_run, tmp_path):
@@ -67,15 +74,13 @@ def test_a_killed_tensorflow_run_resumes_to_the_same_weights(digits_run, tmp_pat
     run_dir = tmp_path / "run"
     crash_and_resume(run_dir, TENSORFLOW, timeout=TIMEOUT)
 
-    resumed, expected = newest_checkpoint(run_dir), newest_checkpoint(uninterrupted)
-    assert json.loads(str(resumed["metadata"]))["global_step"] == 264
-    assert set(resumed) == set(expected)
-    for name in expected:
-        if name != "metadata":  # weights, BatchNorm statistics and momentum buffers: bit for bit
-            assert np.array_equal(resumed[name], expected[name]), name
+    resumed, expected = newest_checkpoint(run_dir, read_arrays), newest_checkpoint(uninterrupted, read_arrays)
+    assert resumed["global_step"] == 264
+    assert set(resumed["arrays"]) == set(expected["arrays"])
+    for name, array in expected["arrays"].items():  # weights, BatchNorm statistics, momentum buffers, LR: bit for bit
+        assert np.array_equal(resumed["arrays"][name], array), name
     assert history(run_dir) == history(uninterrupted)
-    assert json.loads((run_dir / "results.json").read_text())["metrics"] == \
-        json.loads((uninterrupted / "results.json").read_text())["metrics"]
+    assert results_of(run_dir)["metrics"] == results_of(uninterrupted)["metrics"]
 
 
 def test_an_imagefolder_recipe_trains_with_tensorflow(image_tree, tmp_path):
@@ -87,12 +92,12 @@ def test_an_imagefolder_recipe_trains_with_tensorflow(image_tree, tmp_path):
                           "train.batch_size=2", "train.backward_passes_per_step=2", "train.epochs=1",
                           "schedule.warmup_epochs=1", f"hydra.run.dir={run_dir}", timeout=TIMEOUT)
     assert result.returncode == 0, result.stdout + result.stderr
-    results = json.loads((run_dir / "results.json").read_text())
+    results = results_of(run_dir)
     assert (results["framework"], results["world_size"], results["global_batch_size"]) == ("tensorflow", 2, 8)
     assert round(results["metrics"]["val_top1"] * 9 / 100, 6).is_integer()  # 9 validation images, all counted
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-000000003.ckpt"]  # 24 // 2 // 4
-    weights, buffers = ([name for name in newest_checkpoint(run_dir) if name.startswith(part)]
-                        for part in ("model/", "momentum/"))
+    arrays = newest_checkpoint(run_dir, read_arrays)["arrays"]
+    weights, buffers = ([name for name in arrays if name.startswith(part)] for part in ("model/", "momentum/"))
     assert (len(weights), len(buffers)) == (320, 214)  # all of ResNet-50's weights and BN statistics, all buffers
 
 
@@ -228,6 +233,7 @@ def test_the_synthetic_benchmark_runs_with_tensorflow():
 
 @pytest.mark.parametrize("imports,absent", [
     ("import hvdtrain.runner.cli, hvdtrain.runner.plan, hvdtrain.runner.worker, hvdtrain.reporting.report, hvdtrain.reporting.run_log", ("torch", "tensorflow")),
+    ("import hvdtrain.training.loop", ("torch", "tensorflow")),
     ("import hvdtrain.training.train_torch", ("tensorflow", "keras")),
     ("import hvdtrain.training.train_tensorflow", ("torch",)),
 ])

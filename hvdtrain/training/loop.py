@@ -1,0 +1,70 @@
+"""The story both training loops tell, told once: start from rank 0's weights or from the newest
+valid checkpoint that rank 0 reads and broadcasts; for each epoch from there, each rank trains on
+its shard (sharding.py) step by step at the LR of the schedule (lr_schedule.py), checkpoints every
+`train.checkpoint_every_steps` steps and at the epoch's end, evaluates every
+`train.eval_every_epochs` epochs and at the last; progress and results along the way (progress.py).
+
+train_torch.py and train_tensorflow.py call `run` with their framework's part of each of these
+as plain functions; this module imports no framework (the ranks' identity comes from the core
+that both adapters initialize).
+"""
+
+import time
+
+from hvdtrain import core
+from hvdtrain.reporting.progress import Progress
+from hvdtrain.training import checkpoint, sharding
+from hvdtrain.training.lr_schedule import learning_rate
+
+
+def run(cfg, plan, run_dir, session_start, train_size, *, decode, restore, broadcast_initial, epoch_batches,
+        train_step, evaluate, checkpoint_state):
+    """Train from where the run stands to `train.epochs`. The framework's parts, called on every rank:
+    - decode(bytes) -> dict: a checkpoint's framework state as checkpoint_state() wrote it;
+    - restore(state): take a checkpoint's state (the decoded parts and the metadata);
+    - broadcast_initial(): take rank 0's initial weights, when there is no checkpoint;
+    - epoch_batches(epoch, indices) -> iterator over the batches of these samples in order;
+    - train_step(batches, lr, global_step) -> this rank's mean loss of one optimizer step;
+    - evaluate() -> the validation metrics, or evaluate=None when there is no validation set;
+    - checkpoint_state() -> the bytes of the framework's state on rank 0 (None on the others),
+      after making every rank's copy of the model the same (BatchNorm statistics averaged).
+    """
+    start = checkpoint.resume_state(run_dir / "checkpoints", cfg, decode)
+    if start is None:
+        broadcast_initial()
+        start = checkpoint.fresh_start()
+    else:
+        restore(start)
+
+    progress = Progress(cfg, plan, run_dir, start, session_start)
+    steps, epochs, every = plan.steps_per_epoch, cfg.train.epochs, cfg.train.checkpoint_every_steps
+    samples_per_step = cfg.train.batch_size * cfg.train.backward_passes_per_step
+    global_step, metrics, lr = start["global_step"], start["metrics"], plan.base_lr
+
+    def save(epoch, step, global_step, metrics):
+        """Checkpoint the state before step `step` of `epoch`."""
+        state = checkpoint_state()
+        if core.rank() == 0:
+            metadata = checkpoint.metadata(cfg, epoch, step, global_step, core.size(), metrics,
+                                           progress.elapsed_s(), progress.train_s())
+            checkpoint.save(run_dir / "checkpoints", metadata, state, cfg.train.keep_checkpoints)
+
+    for epoch in range(start["epoch"], epochs):
+        first = start["step"] if epoch == start["epoch"] else 0
+        shard = sharding.train_shard(train_size, cfg.train.seed, epoch, core.rank(), core.size())
+        batches = epoch_batches(epoch, shard[first * samples_per_step:steps * samples_per_step])
+        for step in range(first, steps):
+            began = time.perf_counter()
+            lr = learning_rate(epoch + step / steps, cfg.schedule, plan.base_lr, plan.peak_lr, epochs)
+            loss = train_step(batches, lr, global_step)
+            global_step += 1
+            progress.step_done(epoch, step, global_step, lr, loss, time.perf_counter() - began)
+            if every and global_step % every == 0 and step < steps - 1:
+                save(epoch, step + 1, global_step, metrics)
+
+        if evaluate and ((epoch + 1) % cfg.train.eval_every_epochs == 0 or epoch + 1 == epochs):
+            metrics = evaluate()
+            progress.evaluated(epoch + 1, global_step, lr, metrics)
+        save(epoch + 1, 0, global_step, metrics)
+        progress.epoch_done(epoch + 1, global_step, metrics)
+    progress.finish(epochs, global_step, metrics)

