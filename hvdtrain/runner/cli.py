@@ -1,9 +1,10 @@
 """The `hvdtrain` command.
 
-It composes the config once (Hydra: hvdtrain/conf/, whose group `recipe` holds the recipes), checks it, derives the plan, writes the
-resolved config.yaml into the run directory, and then either trains in this process (when it
-already is a rank of an mpirun or srun job) or starts the workers with mpirun; the workers load
-that config.yaml and never compose their own.
+It composes the config once (Hydra: hvdtrain/conf/, whose group `recipe` holds the recipes),
+checks it, derives the plan, writes the resolved config.yaml into the run directory, and then
+either trains in this process (when it already is a rank of an mpirun or srun job) or starts the
+workers with mpirun; rank 0 loads that config.yaml and broadcasts it, and no worker composes its
+own. `hvdtrain ls` and `hvdtrain cp` list the recipes and copy one (recipes.py).
 """
 
 import json
@@ -99,6 +100,19 @@ def run(cfg, run_dir):
         print(f"hvdtrain: the workers failed (mpirun exit status {result.returncode}); their errors are above. "
               f"Continue from the last checkpoint with: hvdtrain resume={run_dir}", file=sys.stderr)
         sys.exit(result.returncode)
+    done = _epochs_completed(run_dir)
+    if done < cfg.train.epochs:
+        # mpirun has been seen to exit 0 after losing a remote daemon: success is the run's, not mpirun's
+        print(f"hvdtrain: mpirun exited 0 but the run finished {done} of {cfg.train.epochs} epochs. "
+              f"Continue from the last checkpoint with: hvdtrain resume={run_dir}", file=sys.stderr)
+        sys.exit(1)
+
+
+def _epochs_completed(run_dir):
+    try:
+        return json.loads((run_dir / "results.json").read_text())["epochs_completed"]
+    except (OSError, ValueError, KeyError):
+        return 0
 
 
 def _launch_plan(cfg, run_dir):

@@ -232,7 +232,7 @@ def load_run_config(path):
 
 
 def claim_run_dir(cfg, run_dir):
-    """Make `run_dir` this run's by writing the resolved config.yaml into it (which every rank
+    """Make `run_dir` this run's by writing the resolved config.yaml into it (which rank 0
     then loads); a resumed run has one already, a new run must not take another's directory."""
     if cfg.resume:
         return

@@ -38,12 +38,42 @@ def broadcast_parameters(params, root_rank, prefix=None):
 
 def broadcast_optimizer_state(optimizer, root_rank, model=None):
     """Make every rank's optimizer state (per-parameter state and hyperparameters) equal to
-    `root_rank`'s."""
+    `root_rank`'s. `model` tells which parameters have sparse gradients (its
+    nn.Embedding(sparse=True) modules)."""
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
+    if not optimizer.state_dict()["state"]:
+        _zero_gradients(optimizer, _sparse_parameters(model))
     state = broadcast_object(optimizer.state_dict(), root_rank, name="broadcast_optimizer_state")
     if core.rank() != root_rank:
         optimizer.load_state_dict(state)
+
+
+def _sparse_parameters(model):
+    if model is None:
+        return set()
+    return {p for m in model.modules() if isinstance(m, torch.nn.Embedding) and m.sparse for p in m.parameters()}
+
+
+def _zero_gradients(optimizer, sparse_parameters):
+    """Horovod initializes a fresh optimizer's state with a step on zero gradients, and scripts
+    written for it rely on the zero gradients left in p.grad (e.g. torch.empty_like(p.grad)).
+    We leave the same gradients, without the step, which would move the weights (weight decay)
+    and count a step that no data made. They are sparse where the optimizer (SparseAdam) or
+    the model's sparse embeddings need it; a DistributedOptimizer's dense ones are views into
+    its gradient buckets."""
+    buckets = getattr(optimizer, "_buckets", None)
+    views = {} if buckets is None else buckets.view
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if not p.requires_grad:
+                continue
+            if isinstance(optimizer, torch.optim.SparseAdam) or p in sparse_parameters:
+                p.grad = torch.zeros_like(p).to_sparse()
+            elif p in views:
+                p.grad = views[p].zero_()
+            else:
+                p.grad = torch.zeros_like(p)
 
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):

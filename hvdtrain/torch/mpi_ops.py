@@ -12,7 +12,7 @@ import torch
 
 from hvdtrain import core
 from hvdtrain.core import global_process_set
-from hvdtrain.core.horovod_api import Average, handle_average_backwards_compatibility
+from hvdtrain.core.horovod_api import Average, Sum, handle_average_backwards_compatibility
 
 from .compression import Compression
 
@@ -200,6 +200,38 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
     return [compression.decompress(r, context) for r, (_, context) in zip(reduced, compressed)]
 
 
+# ----------------------------------------------------------------------------- sparse allreduce
+
+
+class _CallableHandle(int):
+    """Horovod's sparse_allreduce_async returns a function that gives the result; this handle is
+    that function and an integer handle for poll() and synchronize() at once."""
+
+    def __call__(self):
+        return synchronize(self)
+
+
+def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
+    """Start reducing a sparse COO tensor over the ranks (of `process_set`) by allgathering its
+    indices and values; synchronize() (or calling the handle) gives the sparse sum, with the
+    values divided by the set's size for Average. Entries at the same index from different ranks
+    stay separate in the result until it is coalesced."""
+    tensor = tensor.coalesce()
+    # allgather concatenates along dimension 0, so the indices travel one row per entry.
+    values = core.allgather_async(_array(tensor.values().contiguous()), name=f"{name}.values",
+                                  process_set=process_set)
+    indices = core.allgather_async(_array(tensor.indices().t().contiguous()), name=f"{name}.indices",
+                                   process_set=process_set)
+
+    def finish(results):
+        gathered_values, gathered_indices = (_tensor(r) for r in results)
+        if op == Average:
+            gathered_values = gathered_values / process_set.size()
+        return torch.sparse_coo_tensor(gathered_indices.t(), gathered_values, tensor.shape)
+
+    return _CallableHandle(_register([values, indices], finish))
+
+
 # ----------------------------------------------------------------------------- allgather
 
 
@@ -304,11 +336,22 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
 # ----------------------------------------------------------------------------- alltoall
 
 
+def _alltoall_splits(splits):
+    """`splits` as int64 row counts. Floats are refused here, before anything is submitted:
+    cast to whole rows they would send other counts than the peers expect."""
+    if splits is None:
+        return None
+    counts = np.asarray(splits.tolist() if torch.is_tensor(splits) else splits)
+    if counts.size and counts.dtype.kind not in "iu":
+        described = f"a tensor of {splits.dtype}" if torch.is_tensor(splits) else f"{counts.dtype} values"
+        raise ValueError(f"alltoall: splits must be integers (rows per rank), got {described}: {counts.tolist()}")
+    return counts.astype(np.int64)
+
+
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
     """Start sending `splits[i]` rows of `tensor` to the i-th rank (of `process_set`);
-    synchronize() gives (received tensor, received splits)."""
-    if splits is not None:
-        splits = np.asarray(splits.tolist() if torch.is_tensor(splits) else splits, np.int64)
+    synchronize() gives (received tensor, received splits), as Horovod's handle does."""
+    splits = _alltoall_splits(splits)
     handle = core.alltoall_async(_array(_source(tensor, False)), splits=splits, name=name, process_set=process_set)
 
     def finish(results):
@@ -323,33 +366,37 @@ class HorovodAlltoall(torch.autograd.Function):
     def forward(ctx, tensor, splits, name, process_set):
         output, received_splits = synchronize(alltoall_async(tensor, splits, name, process_set))
         ctx.received_splits, ctx.process_set = received_splits, process_set
+        if splits is None:
+            return output
         ctx.mark_non_differentiable(received_splits)
         return output, received_splits
 
     @staticmethod
-    def backward(ctx, grad_output, _):
+    def backward(ctx, grad_output, *_):
         grad, _ = alltoall(grad_output, splits=ctx.received_splits, process_set=ctx.process_set)
         return grad, None, None, None
 
 
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
-    """Exchange rows between ranks; returns (received tensor, received splits); differentiable."""
+    """Exchange rows between ranks; differentiable. Returns the received tensor, and with
+    `splits` given also the received splits (a tuple), as Horovod 0.28 does."""
     return HorovodAlltoall.apply(tensor, splits, name, process_set)
 
 
 # ----------------------------------------------------------------------------- reducescatter
+# Horovod 0.28 puts process_set before the scale factors here (unlike allreduce); so do we.
 
 
-def reducescatter_async(tensor, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0,
-                        process_set=global_process_set):
+def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set, prescale_factor=1.0,
+                        postscale_factor=1.0):
     handle = core.reducescatter_async(_array(_source(tensor, False)), name=name, op=op,
                                       prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                                       process_set=process_set)
     return _register([handle], lambda results: _tensor(results[0]))
 
 
-def grouped_reducescatter_async(tensors, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0,
-                                process_set=global_process_set):
+def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
+                                prescale_factor=1.0, postscale_factor=1.0):
     """Start reducescattering a list of tensors as one group; synchronize() gives the list."""
     handles = core.grouped_reducescatter_async([_array(_source(t, False)) for t in tensors], name=name, op=op,
                                                prescale_factor=prescale_factor, postscale_factor=postscale_factor,
@@ -358,52 +405,55 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, prescale_factor=
 
 
 def _reducescatter_grads(ctx, grad_outputs):
-    """Gradients of reducescattered tensors: every rank's share of the incoming gradients,
-    gathered back, scaled as the forward pass scaled."""
-    grads = grouped_allgather(list(grad_outputs), process_set=ctx.process_set)
-    scale = ctx.scale / ctx.process_set.size() if ctx.op == Average else ctx.scale
-    return [g * scale for g in grads]
+    """Horovod 0.28's gradients of reducescattered tensors: every rank's share of the incoming
+    gradients gathered back, times the forward's scale factors and, for Sum only, the size of
+    the process set (for Average and the other ops, no size factor)."""
+    scale = ctx.prescale_factor * ctx.postscale_factor * (ctx.process_set.size() if ctx.op == Sum else 1)
+    return grouped_allgather([g * scale for g in grad_outputs], process_set=ctx.process_set)
+
+
+def _save_reducescatter_context(ctx, op, process_set, prescale_factor, postscale_factor):
+    ctx.op, ctx.process_set = op, process_set
+    ctx.prescale_factor, ctx.postscale_factor = prescale_factor, postscale_factor
 
 
 class HorovodReducescatter(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, process_set):
-        ctx.op, ctx.process_set = op, process_set
-        ctx.scale = prescale_factor * postscale_factor
-        return synchronize(reducescatter_async(tensor, name, op, prescale_factor, postscale_factor, process_set))
+    def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):
+        _save_reducescatter_context(ctx, op, process_set, prescale_factor, postscale_factor)
+        return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor, postscale_factor))
 
     @staticmethod
     def backward(ctx, grad_output):
         return _reducescatter_grads(ctx, [grad_output])[0], None, None, None, None, None
 
 
-def reducescatter(tensor, name=None, compression=Compression.none, op=Average, prescale_factor=1.0,
-                  postscale_factor=1.0, process_set=global_process_set):
+def reducescatter(tensor, name=None, compression=Compression.none, op=Average, process_set=global_process_set,
+                  prescale_factor=1.0, postscale_factor=1.0):
     """Reduce `tensor` over the ranks (of `process_set`) and keep this rank's share of
     dimension 0; differentiable."""
     compressed, context = compression.compress(tensor)
-    reduced = HorovodReducescatter.apply(compressed, name, op, prescale_factor, postscale_factor, process_set)
+    reduced = HorovodReducescatter.apply(compressed, name, op, process_set, prescale_factor, postscale_factor)
     return compression.decompress(reduced, context)
 
 
 class HorovodGroupedReducescatter(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, name, op, prescale_factor, postscale_factor, process_set, *tensors):
-        ctx.op, ctx.process_set = op, process_set
-        ctx.scale = prescale_factor * postscale_factor
-        return tuple(synchronize(grouped_reducescatter_async(list(tensors), name, op, prescale_factor,
-                                                             postscale_factor, process_set)))
+    def forward(ctx, name, op, process_set, prescale_factor, postscale_factor, *tensors):
+        _save_reducescatter_context(ctx, op, process_set, prescale_factor, postscale_factor)
+        return tuple(synchronize(grouped_reducescatter_async(list(tensors), name, op, process_set, prescale_factor,
+                                                             postscale_factor)))
 
     @staticmethod
     def backward(ctx, *grad_outputs):
         return (None, None, None, None, None, *_reducescatter_grads(ctx, grad_outputs))
 
 
-def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average, prescale_factor=1.0,
-                          postscale_factor=1.0, process_set=global_process_set):
+def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
+                          process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
     """Reducescatter a list of tensors as one group (negotiated together); differentiable."""
     compressed = [compression.compress(t) for t in tensors]
-    reduced = HorovodGroupedReducescatter.apply(name, op, prescale_factor, postscale_factor, process_set,
+    reduced = HorovodGroupedReducescatter.apply(name, op, process_set, prescale_factor, postscale_factor,
                                                 *[c for c, _ in compressed])
     return [compression.decompress(r, context) for r, (_, context) in zip(reduced, compressed)]
 

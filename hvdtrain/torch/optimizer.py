@@ -9,6 +9,10 @@ The engine then reduces gradients that are ready together and lie next to each o
 region, in transport-sized pieces and without copies: measured on ResNet-101 this is what
 brings the engine to the speed of one raw MPI allreduce over the same bytes (README). As a
 consequence zero_grad() zeroes these gradients instead of setting them to None.
+
+Sparse gradients (nn.Embedding(sparse=True)) stay out of the buckets: they are reduced by
+allgathering their indices and values, as Horovod does, or densified with sparse_as_dense=True;
+either way the wrapped optimizer gets them back sparse.
 """
 
 import collections
@@ -56,6 +60,12 @@ class _GradientBuckets:
                 offset += p.numel()
             self.flats.append(flat)
 
+    def evict(self, p):
+        """Take p out of its bucket for good, as its gradients arrive sparse (its place in the
+        flat tensor stays unused: moving the others would cost more than it saves)."""
+        for placement in (self.view, self.spec, self.arrays):
+            placement.pop(p, None)
+
     def adopt(self, p):
         """Make p.grad its bucket view again (after autograd or the user replaced it)."""
         view = self.view[p]
@@ -71,8 +81,11 @@ class _GradientBuckets:
     def zero(self):
         for flat in self.flats:
             flat.zero_()
+        # A parameter without a gradient yet keeps None: its first gradient may be sparse, and
+        # autograd would make it dense by accumulating it into a view.
         for p, view in self.view.items():
-            p.grad = view
+            if p.grad is not None and not p.grad.is_sparse:
+                p.grad = view
 
 
 HUGE_PAGE_BYTES = 2 << 20
@@ -119,8 +132,11 @@ class _DistributedOptimizer:
         self._ready_in_group = [set() for _ in range(len(set(self._groups.values())))]
         self._synchronized = False
         self._should_synchronize = True
+        self._sparse_dims = {}  # parameter -> sparse_dim of its gradients, once one arrived sparse
         self._buckets = None
-        if core.running_engine(process_set).size > 1:
+        # As in Horovod, on a rank outside the process set the optimizer reduces nothing: its
+        # step() applies this rank's own gradients.
+        if _takes_part(process_set) and core.running_engine(process_set).size > 1:
             self._buckets = _GradientBuckets(self._requires_update, f"DistributedOptimizer.{next(_optimizer_ids)}")
             for p in self._requires_update:
                 p.register_post_accumulate_grad_hook(self._on_gradient_ready)
@@ -150,19 +166,27 @@ class _DistributedOptimizer:
 
     def _allreduce_gradient_async(self, p):
         name = f"DistributedOptimizer.{self._names[p]}"
-        if p.grad is not None and p.grad.is_sparse:
+        if p.grad is not None and p.grad.is_sparse and p not in self._sparse_dims:
+            self._sparse_dims[p] = p.grad.sparse_dim()
+            self._buckets.evict(p)
+        if p in self._sparse_dims:
+            if p.grad is None:
+                # Unused on this rank: the others still gather indices and values from it.
+                p.grad = _empty_sparse_gradient(p, self._sparse_dims[p])
             if not self._sparse_as_dense:
-                return _sparse_allreduce_async(p.grad, name, self._op, self._process_set), _SPARSE
-            p.grad = p.grad.to_dense()
-        if p in self._buckets.view:
-            self._buckets.adopt(p)
-        elif p.grad is None:
-            p.grad = torch.zeros_like(p)
+                return mpi_ops.sparse_allreduce_async(p.grad, name, self._op, self._process_set), _SPARSE
+            tensor = p.grad.to_dense()
+        else:
+            if p in self._buckets.view:
+                self._buckets.adopt(p)
+            elif p.grad is None:
+                p.grad = torch.zeros_like(p)
+            tensor = p.grad
         prescale, postscale = 1.0, 1.0
         if self._op == Average:
             # The core divides by size() for Average; predividing trades range for precision.
             prescale, postscale = 1.0 / self._predivide, self._predivide
-        compressed, context = self._compression.compress(p.grad)
+        compressed, context = self._compression.compress(tensor)
         if compressed is p.grad and p in self._buckets.spec:
             handle = mpi_ops._allreduce_async(p.grad, p.grad, name, self._op, prescale, postscale, self._process_set,
                                               bucket=self._buckets.spec[p], array=self._buckets.arrays[p])
@@ -185,6 +209,8 @@ class _DistributedOptimizer:
             self._delay[p] = self._backward_passes_per_step
             if context is _SPARSE:
                 p.grad = output
+            elif p.grad.is_sparse:  # sparse_as_dense: the wrapped optimizer expects it sparse again
+                p.grad = self._compression.decompress(output, context).to_sparse()
             elif output is not p.grad:
                 p.grad.copy_(self._compression.decompress(output, context))
         self._handles.clear()
@@ -222,7 +248,7 @@ class _DistributedOptimizer:
             return super().zero_grad(set_to_none)
         self._buckets.zero()
         for p in self._requires_update:
-            if p not in self._buckets.view and p.grad is not None:
+            if p.grad is not None and (p not in self._buckets.view or p.grad.is_sparse):
                 if set_to_none:
                     p.grad = None
                 else:
@@ -266,21 +292,19 @@ def _parameter_groups(groups, params):
     return membership
 
 
-def _sparse_allreduce_async(grad, name, op, process_set):
-    """Reduce a sparse gradient by gathering every rank's indices and values."""
-    grad = grad.coalesce()
-    values = core.allgather_async(mpi_ops._array(grad._values().contiguous()), name=f"{name}.values",
-                                  process_set=process_set)
-    indices = core.allgather_async(mpi_ops._array(grad._indices().t().contiguous()), name=f"{name}.indices",
-                                   process_set=process_set)
+def _takes_part(process_set):
+    """Whether this rank reduces gradients in `process_set`; raises the usual error where hvd is
+    not initialized or the set is not registered."""
+    core.running_engine()
+    if process_set.included() is False:
+        return False
+    core.running_engine(process_set)
+    return True
 
-    def finish(results):
-        gathered_values, gathered_indices = (mpi_ops._tensor(r) for r in results)
-        if op == Average:
-            gathered_values = gathered_values / core.running_engine(process_set).size
-        return torch.sparse_coo_tensor(gathered_indices.t(), gathered_values, grad.shape)
 
-    return mpi_ops._register([values, indices], finish)
+def _empty_sparse_gradient(p, sparse_dim):
+    return torch.sparse_coo_tensor(torch.empty(sparse_dim, 0, dtype=torch.int64),
+                                   torch.empty(0, *p.shape[sparse_dim:], dtype=p.dtype), p.shape)
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
@@ -290,8 +314,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     (of `process_set`).
 
     Returns an instance of a subclass of the optimizer's own class, built from its parameter
-    groups (so isinstance checks and state_dict formats are unchanged)."""
-    core.running_engine(process_set)  # not initialized, or not in the set: the usual error, early
+    groups (so isinstance checks and state_dict formats are unchanged). On a rank outside
+    `process_set` it reduces nothing: step() applies that rank's own gradients, as in Horovod."""
     if op == Adasum:
         raise NotImplementedError("op=Adasum is not supported by hvdtrain")
     if gradient_predivide_factor != 1.0 and op != Average:

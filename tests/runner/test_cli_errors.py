@@ -97,3 +97,26 @@ def test_cuda_without_a_visible_device_is_refused_before_launch(framework, tmp_p
     assert not (tmp_path / "run").exists()
     # The plan needs no device.
     assert run_hvdtrain("train.device=cuda", "dry_run=true", env={"CUDA_VISIBLE_DEVICES": ""}).returncode == 0
+
+
+@pytest.mark.parametrize("results", [None, {"epochs_completed": 1}])
+def test_an_unfinished_run_is_a_failure_even_when_mpirun_exits_0(tmp_path, monkeypatch, capsys, results):
+    """mpirun has been seen to exit 0 after losing a remote daemon: the command judges the run by
+    what the run says it finished, not by mpirun's status."""
+    import subprocess
+
+    from hvdtrain.runner import cli, launcher
+    from runner.support import compose
+
+    def mpirun_exits_0(command, env):
+        if results is not None:
+            (tmp_path / "results.json").write_text(json.dumps(results))
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(launcher, "run", mpirun_exits_0)
+    with pytest.raises(SystemExit) as exit:
+        cli.run(compose("train.epochs=2"), tmp_path)
+    assert exit.value.code == 1
+    done = 0 if results is None else 1
+    assert (f"hvdtrain: mpirun exited 0 but the run finished {done} of 2 epochs. Continue from the last checkpoint "
+            f"with: hvdtrain resume={tmp_path}") in capsys.readouterr().err

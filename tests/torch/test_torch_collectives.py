@@ -105,13 +105,14 @@ def _check_gradients(hvd, n, r):
     x = torch.ones(2, requires_grad=True)
     hvd.broadcast(x, root).backward(torch.ones(2))
     assert torch.equal(x.grad, torch.ones(2) * (1.0 if r == root else 0.0))
-    # Reducescatter (Sum): every rank's input gets the gathered output gradients.
+    # Reducescatter (Sum): every rank's input gets the gathered output gradients times the
+    # size, as Horovod 0.28 defines it.
     x = torch.ones(2 * n, 1, requires_grad=True)
     hvd.reducescatter(x, op=hvd.Sum).backward(torch.full((2, 1), float(r)))
-    assert torch.equal(x.grad, torch.cat([torch.full((2, 1), float(k)) for k in range(n)]))
+    assert torch.equal(x.grad, torch.cat([torch.full((2, 1), float(k * n)) for k in range(n)]))
     # Alltoall: gradients travel back to where the rows came from.
     x = torch.ones(n, 1, requires_grad=True)
-    received, _ = hvd.alltoall(x)
+    received = hvd.alltoall(x)
     received.backward(torch.arange(n, dtype=torch.float32).unsqueeze(1) + 10 * r)
     assert torch.equal(x.grad, torch.tensor([[float(r + 10 * k)] for k in range(n)]))
 
@@ -146,12 +147,12 @@ def _check_grouped_allgather_and_reducescatter(hvd, n, r):
                                              torch.arange(2.0 * n)])
     assert torch.equal(xa.grad, torch.full((r + 1, 3), float(r)))
     assert torch.equal(xb.grad, torch.tensor([2.0 * r, 2.0 * r + 1]))
-    # Reducescatter with Average: the gathered output gradients divided by the size.
+    # Reducescatter with Average: the gathered output gradients, as Horovod 0.28 defines it.
     xs = [torch.ones(2 * n, 1, requires_grad=True), torch.ones(n, requires_grad=True)]
     outs = hvd.grouped_reducescatter(xs, op=hvd.Average)
     torch.autograd.backward(outs, [torch.full((2, 1), float(r)), torch.full((1,), float(r))])
-    assert torch.equal(xs[0].grad, torch.cat([torch.full((2, 1), float(k) / n) for k in range(n)]))
-    assert torch.equal(xs[1].grad, torch.tensor([float(k) / n for k in range(n)]))
+    assert torch.equal(xs[0].grad, torch.cat([torch.full((2, 1), float(k)) for k in range(n)]))
+    assert torch.equal(xs[1].grad, torch.tensor([float(k) for k in range(n)]))
 
 
 def _check_join_and_errors(hvd, n, r):
