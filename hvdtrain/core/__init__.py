@@ -22,7 +22,7 @@ from . import process_sets as _process_sets
 from .exceptions import HorovodInternalError, HostsUpdatedInterrupt, TensorMismatchError
 from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from .requests import ALLREDUCE, Handle, Kind, ReduceOp
-from .settings import Settings, from_environment
+from .settings import Settings, from_environment, ignored_variables
 
 __all__ = [
     "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank", "cross_size",
@@ -37,6 +37,8 @@ __all__ = [
 _engine = None
 _init_lock = threading.Lock()
 _atexit_registered = False
+_initialized_mpi = False  # whether init() initialized MPI, which it then finalizes at exit
+_warned_variables = set()  # ignored HOROVOD_* variables are named once per process
 _unnamed_object_calls = {}  # per (kind, process set), since this engine started: names the n-th unnamed call
 
 
@@ -54,18 +56,12 @@ def init(comm=None, process_sets=None):
     with _init_lock:
         if _engine is not None and _engine.alive:
             return
+        if _engine is not None:  # it stopped on its own (a peer shut down, a stall): release it first
+            _release(_engine)
+            _engine = None
         settings = from_environment()
         _configure_logging(settings.log_level)
-        # The engine thread shares cores with the training threads: Open MPI must not spin while
-        # it waits (see hvdtrain/launcher.py). Read when MPI starts, so only if it has not yet.
-        os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
-        from mpi4py import MPI  # initializes MPI (thread level "multiple") on first import
-
-        if MPI.Query_thread() < MPI.THREAD_SERIALIZED:
-            raise HorovodInternalError(
-                "MPI was initialized without thread support; hvdtrain's engine thread needs at least "
-                "MPI_THREAD_SERIALIZED (set mpi4py.rc.thread_level = 'multiple' before importing mpi4py.MPI)"
-            )
+        MPI = _start_mpi()
         from .engine import Engine
 
         comm = MPI.COMM_WORLD if comm is None else comm
@@ -73,9 +69,51 @@ def init(comm=None, process_sets=None):
         _engine = Engine(comm, settings)
         _unnamed_object_calls.clear()
         _process_sets.start(comm, settings, _engine, process_sets, agreement, dynamic or settings.dynamic_process_sets)
+        if _engine.rank == 0:
+            _warn_about_ignored_variables()
         if not _atexit_registered:
-            atexit.register(shutdown)
+            atexit.register(_at_exit)
             _atexit_registered = True
+
+
+def _start_mpi():
+    """mpi4py's MPI module, with MPI initialized: by mpi4py when it is first imported, or here
+    when the script told mpi4py not to (`mpi4py.rc.initialize = False`, as in Horovod's
+    process-set example); then it is finalized here at exit, since mpi4py will not."""
+    global _initialized_mpi
+    # The engine thread shares cores with the training threads: Open MPI must not spin while
+    # it waits (see hvdtrain/runner/launcher.py). Read when MPI starts, so only if it has not yet.
+    os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+    from mpi4py import MPI
+
+    if MPI.Is_finalized():
+        raise HorovodInternalError("MPI has been finalized in this process; hvdtrain cannot start again")
+    if not MPI.Is_initialized():
+        # Process sets run an engine thread each, all of them calling MPI.
+        MPI.Init_thread(MPI.THREAD_MULTIPLE)
+        _initialized_mpi = True
+    if MPI.Query_thread() < MPI.THREAD_SERIALIZED:
+        raise HorovodInternalError(
+            "MPI was initialized without thread support; hvdtrain's engine thread needs at least "
+            "MPI_THREAD_SERIALIZED (set mpi4py.rc.thread_level = 'multiple' before importing mpi4py.MPI)"
+        )
+    return MPI
+
+
+def _at_exit():
+    shutdown()
+    if _initialized_mpi:
+        from mpi4py import MPI
+
+        if not MPI.Is_finalized():
+            MPI.Finalize()
+
+
+def _warn_about_ignored_variables():
+    for line in ignored_variables():
+        if line not in _warned_variables:
+            _warned_variables.add(line)
+            logging.getLogger("hvdtrain.core").warning(line)
 
 
 def _configure_logging(level):
@@ -91,6 +129,12 @@ def shutdown():
     global _engine
     with _init_lock:
         engine, _engine = _engine, None
+    _release(engine)
+
+
+def _release(engine):
+    """Stop the engines of the process sets and then `engine` (the global one, or None), so
+    that the next init() starts with nothing left of them: sets, names, cache, timeline."""
     _process_sets.stop()
     if engine is not None:
         engine.shutdown()
@@ -188,13 +232,8 @@ def alltoall_async(array, splits=None, name=None, process_set=None) -> Handle:
     handle gives (received rows, received splits). Without splits, rows are divided evenly."""
     engine = running_engine(process_set)
     n = engine.size
-    if splits is None:
-        if array.ndim == 0 or array.shape[0] % n:
-            raise ValueError(
-                f"alltoall: without splits the first dimension ({array.shape[0] if array.ndim else 'scalar'}) "
-                f"must be divisible by the number of ranks ({n})"
-            )
-        splits = [array.shape[0] // n] * n
+    if splits is None and isinstance(array, np.ndarray) and array.ndim and array.shape[0] % n == 0:
+        splits = [array.shape[0] // n] * n  # otherwise the engine refuses the missing splits
     return engine.submit(Kind.ALLTOALL, array, name=name, splits=splits)
 
 
@@ -202,7 +241,6 @@ def reducescatter_async(array, name=None, op=ReduceOp.AVERAGE, prescale_factor=1
                         postscale_factor=1.0, process_set=None) -> Handle:
     """Reduce `array` across ranks and give each rank its share of the first dimension
     (the first `dim % size` ranks get one extra row)."""
-    _check_reducescatter_op(op)
     return running_engine(process_set).submit(Kind.REDUCESCATTER, array, name=name, op=op,
                                               prescale=prescale_factor, postscale=postscale_factor)
 
@@ -210,14 +248,8 @@ def reducescatter_async(array, name=None, op=ReduceOp.AVERAGE, prescale_factor=1
 def grouped_reducescatter_async(arrays, name=None, op=ReduceOp.AVERAGE, prescale_factor=1.0,
                                 postscale_factor=1.0, process_set=None):
     """Reducescatter a list of arrays as one group, negotiated together."""
-    _check_reducescatter_op(op)
     return running_engine(process_set).submit_group(Kind.REDUCESCATTER, arrays, name=name, op=op,
                                                     prescale=prescale_factor, postscale=postscale_factor)
-
-
-def _check_reducescatter_op(op):
-    if ReduceOp(op) not in (ReduceOp.SUM, ReduceOp.AVERAGE, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT):
-        raise ValueError(f"reducescatter: unsupported op {op!r}")
 
 
 def barrier(process_set=None):

@@ -1,7 +1,7 @@
 """The engine: one background thread that owns all communication.
 
-Callers submit named collectives from any thread and get a Handle. Every cycle
-(HOROVOD_CYCLE_TIME) the thread
+Callers submit named collectives from any thread and get a Handle; what can never work is
+refused on the caller's thread (submission.py). Every cycle (HOROVOD_CYCLE_TIME) the thread
 1. takes what was submitted since the last cycle;
 2. agrees with the other ranks which tensors are ready everywhere (negotiation.py): one
    bitwise-AND allreduce for tensors seen before, a coordinator round for anything else;
@@ -17,18 +17,17 @@ import sys
 import threading
 import time
 import traceback
-import weakref
 from dataclasses import dataclass
 
 import numpy as np
 
 from .exceptions import HorovodInternalError, TensorMismatchError
-from .mpi_backend import REDUCIBLE_DTYPES, MpiBackend
-from .negotiation import AUTO_NAME_MARK, Coordinator, ResponseCache, cacheable
-from .requests import (ALLREDUCE, BROADCAST, JOIN, REDUCING_KINDS, Entry, Handle, Kind, ReduceOp, Request,
-                       numpy_dtype)
-from .timeline import Timeline
 from .discovery import discover
+from .mpi_backend import MpiBackend
+from .negotiation import Coordinator, ResponseCache, cacheable
+from .requests import ALLREDUCE, JOIN, Entry, Handle, Kind, ReduceOp, Request, numpy_dtype
+from .submission import REFUSALS, Submissions
+from .timeline import Timeline
 
 log = logging.getLogger("hvdtrain.core")
 
@@ -36,7 +35,6 @@ _WANTS_ROUND, _JOINED, _SHUTDOWN = 1, 2, 4
 _FLAG_MASK = 7
 
 IDLE_WAIT_S = 0.01
-REMEMBERED_REQUESTS = 4096
 SHUT_DOWN_MESSAGE = (
     "Horovod has been shut down. This was caused by a rank calling shutdown() or exiting, an "
     "exception on one of the ranks, or an attempt to run a collective after one of the ranks "
@@ -58,9 +56,8 @@ class Engine:
         self.settings = settings
         self.topology, self._world, self._local, self._cross = discover(comm)
         self.rank, self.size = self.topology.rank, self.topology.size
-        self._is_world = members is None
         self.members = tuple(range(self.size)) if members is None else members
-        self._position = {job_rank: rank for rank, job_rank in enumerate(self.members)}
+        self._position = {job_rank: rank for rank, job_rank in enumerate(self.members)}  # a broadcast's root
         self._job_rank = self.members[self.rank]
         self._backends = {"cpu": MpiBackend(self._world, settings)}
         self._cache = ResponseCache(settings.cache_capacity)
@@ -69,12 +66,13 @@ class Engine:
         if settings.timeline_path:
             self.start_timeline(settings.timeline_path, settings.timeline_mark_cycles)
 
+        # Submitting threads check and describe their collectives themselves (submission.py).
+        submissions = Submissions(self.size, self.members, is_world=members is None)
+        self.auto_name, self._prepare = submissions.auto_name, submissions.prepare
         self._lock = threading.Lock()
         self._submitted = collections.deque()
         self._in_flight = set()
-        self._buckets = {}  # bucket name -> (flat array, its address), checked once
-        self._unnamed = collections.Counter()
-        self._validated = {}  # name -> what its request was validated for (see _recall)
+        self._refused = {}  # name -> handle of this rank's latest refusal of that name
         self._pending = {}  # name -> Entry; touched only by the engine thread
         self._hit_plans = {}  # ready cache bits -> (cache version, plan, names)
         self._join_entry = None
@@ -88,17 +86,18 @@ class Engine:
 
     # ---------------------------------------------------------------- submission (any thread)
 
-    def auto_name(self, kind):
-        with self._lock:
-            self._unnamed[kind] += 1
-            return f"{kind.value}{AUTO_NAME_MARK}{self._unnamed[kind]}"
-
     def submit(self, kind, array=None, *, name=None, output=None, op=ReduceOp.SUM, prescale=1.0,
                postscale=1.0, root=0, splits=None, bucket=None) -> Handle:
         """Queue one collective on host (NumPy) buffers. `output` None means: the engine
         allocates the result (allgather, alltoall, reducescatter) or writes into `array`
         (allreduce, broadcast). `output is array` is an in-place operation."""
-        entry = self._prepare(kind, array, name, output, op, prescale, postscale, root, splits, bucket)
+        if name is None:
+            name = self.auto_name(kind)
+        try:
+            entry = self._prepare(kind, array, name, output, op, prescale, postscale, root, splits, bucket)
+        except REFUSALS as refusal:
+            self._announce_refusal(kind, [name], refusal)
+            raise
         self._enqueue([entry])
         return entry.handle
 
@@ -106,62 +105,33 @@ class Engine:
         """Queue several collectives at once, so that they are negotiated in one cycle and
         fused together where their dtypes allow."""
         base = self.auto_name(kind) if name is None else name
+        names = [f"{base}_{i}" for i in range(len(arrays))]
         outputs = [None] * len(arrays) if outputs is None else outputs
-        entries = [self._prepare(kind, array, f"{base}_{i}", output, **options)
-                   for i, (array, output) in enumerate(zip(arrays, outputs))]
+        try:
+            entries = [self._prepare(kind, array, entry_name, output, **options)
+                       for entry_name, array, output in zip(names, arrays, outputs)]
+        except REFUSALS as refusal:
+            self._announce_refusal(kind, names, refusal)  # a group is refused whole
+            raise
         self._enqueue(entries)
         return [entry.handle for entry in entries]
 
-    def _prepare(self, kind, array, name, output, op=ReduceOp.SUM, prescale=1.0, postscale=1.0, root=0,
-                 splits=None, bucket=None):
-        if name is None:
-            name = self.auto_name(kind)
-        request = self._recall(kind, name, array, output, op, prescale, postscale, root, bucket)
-        if request is None:
-            request = self._validate(kind, name, array, output, op, prescale, postscale, root, splits, bucket)
-            self._remember(request, array, output, splits, bucket)
-        if output is None and (kind is ALLREDUCE or kind is BROADCAST):
-            output = array
-        return Entry(request, Handle(name), array, output,
-                     None if splits is None else np.asarray(splits, np.int64),
-                     None if bucket is None else bucket[1])
-
-    # Training submits every gradient under the same name, from the same array object, every
-    # step, and validating it costs more than the rest of a submission (measured: 10 us of a
-    # 12 us allreduce_async). So an in-place allreduce or broadcast remembers what its request
-    # was validated for; the request stands while the array object, its layout, the bucket
-    # object and the options are unchanged. Weak references: remembering keeps nothing alive.
-
-    def _remember(self, request, array, output, splits, bucket):
-        if (request.kind not in (ALLREDUCE, BROADCAST) or (output is not None and output is not array)
-                or splits is not None or AUTO_NAME_MARK in request.name):
-            return
-        if len(self._validated) >= REMEMBERED_REQUESTS:
-            self._validated.clear()
-        options = (request.kind, request.op, request.prescale, request.postscale, request.root, request.bucket,
-                   array.shape, array.dtype)
-        bucket_ref = None if bucket is None else weakref.ref(bucket[1])
-        self._validated[request.name] = (weakref.ref(array), bucket_ref, options, request)
-
-    def _recall(self, kind, name, array, output, op, prescale, postscale, root, bucket):
-        known = self._validated.get(name)
-        if known is None or (output is not None and output is not array):
-            return None
-        array_ref, bucket_ref, options, request = known
-        if array_ref() is not array or (bucket is None) is not (bucket_ref is None):
-            return None
-        if bucket is None:
-            bucket_name = ""
-        elif bucket_ref() is bucket[1]:
-            bucket_name = bucket[0]
-        else:
-            return None
-        if options != (kind, op, prescale, postscale, root, bucket_name, array.shape, array.dtype):
-            return None
-        flags = array.flags
-        return request if flags.c_contiguous and flags.writeable else None
+    def _announce_refusal(self, kind, names, refusal):
+        """Queue, for collectives this rank refused, requests that fail them on every rank: the
+        others may have submitted them (alltoall splits, say, differ by rank) and would wait
+        for this rank forever."""
+        if not all(isinstance(name, str) and name for name in names):
+            return  # a bad name: nothing that the other ranks could have submitted
+        entries = [Entry(Request(name, kind, refusal=str(refusal)), Handle(name)) for name in names]
+        try:
+            self._enqueue(entries)
+        except (ValueError, HorovodInternalError):
+            pass  # the name is in flight here already, or the engine stopped: the caller's error says enough
 
     def _enqueue(self, entries):
+        """Queue `entries` whole. A name this rank refused stays in flight until every rank has
+        seen the refusal; submitting it again waits for that (one coordinator round, as a rule)."""
+        refused = None
         with self._lock:
             if self._stopped_error is not None:
                 raise HorovodInternalError(self._stopped_error)
@@ -174,95 +144,36 @@ class Engine:
                         if self._join_entry is not None or any(e.request.kind is JOIN for e in self._submitted):
                             raise ValueError(f"rank {self._job_rank} called join() while its previous join() is in flight")
                     elif request.name in in_flight:
-                        raise ValueError(
-                            f"a collective named '{request.name}' is already in flight on rank {self._job_rank}; "
-                            "names of operations in flight must be unique"
-                        )
+                        refused = self._refused.get(request.name)
+                        if refused is None or refused.poll():
+                            raise ValueError(
+                                f"a collective named '{request.name}' is already in flight on rank "
+                                f"{self._job_rank}; names of operations in flight must be unique"
+                            )
+                        in_flight.difference_update(added)
+                        break
                     else:
                         in_flight.add(request.name)
                         added.append(request.name)
+                        if request.refusal:
+                            self._refused[request.name] = entry.handle
+                else:
+                    self._submitted.extend(entries)
             except ValueError:
                 in_flight.difference_update(added)  # a group is queued whole or not at all
                 raise
-            self._submitted.extend(entries)
+        if refused is not None:
+            try:
+                refused.wait()
+            except HorovodInternalError:
+                pass
+            self._enqueue(entries)
+            return
         # Setting an Event costs a lock and a notify; the engine clears it only after a wait,
         # before taking what was submitted, so an entry queued while it is set is not missed.
         if not self._wake.is_set():
             self._woken_at = time.perf_counter()
             self._wake.set()
-
-    def _validate(self, kind, name, array, output, op, prescale, postscale, root, splits, bucket):
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"collective name must be a non-empty string, got {name!r}")
-        if kind in (Kind.BARRIER, Kind.JOIN):
-            return Request(name, kind)
-        if not isinstance(array, np.ndarray):
-            raise TypeError(f"collective '{name}': expected a NumPy array, got {type(array).__name__}")
-        if not array.flags.c_contiguous:
-            raise ValueError(f"collective '{name}': the tensor must be contiguous")
-        if output is not None and not isinstance(output, np.ndarray):
-            raise TypeError(f"collective '{name}': output must be a NumPy array, got {type(output).__name__}")
-        if output is not None and output is not array and (
-            not output.flags.c_contiguous or output.shape != array.shape or output.dtype != array.dtype
-        ):
-            raise ValueError(
-                f"collective '{name}': output must be a contiguous array of shape {array.shape} and dtype "
-                f"{array.dtype}, got shape {output.shape} and dtype {output.dtype}"
-            )
-        # The engine thread writes the result there; failing only then would stop the whole job.
-        written = output if output is not None else array if kind in (Kind.ALLREDUCE, Kind.BROADCAST) else None
-        if written is not None and not written.flags.writeable:
-            raise ValueError(f"collective '{name}': the array the result goes into is read-only")
-        dtype = _dtype_name(name, array.dtype)
-        if op.__class__ is not ReduceOp:
-            op = ReduceOp(op)
-        if kind in REDUCING_KINDS:
-            if op == ReduceOp.ADASUM:
-                raise NotImplementedError(f"collective '{name}': op Adasum is not supported by hvdtrain")
-            if dtype not in REDUCIBLE_DTYPES:
-                raise TypeError(
-                    f"collective '{name}': cannot reduce dtype {dtype}; reducible dtypes are "
-                    f"{sorted(REDUCIBLE_DTYPES)}"
-                )
-            if not (math.isfinite(prescale) and math.isfinite(postscale)):
-                raise ValueError(
-                    f"collective '{name}': prescale_factor and postscale_factor must be finite, "
-                    f"got {prescale} and {postscale}"
-                )
-        if kind == Kind.BROADCAST and root not in self._position:
-            where = f"this job (size {self.size})" if self._is_world else f"process set {list(self.members)}"
-            raise ValueError(f"broadcast '{name}': root_rank {root} is not a rank of {where}")
-        if kind in (Kind.ALLGATHER, Kind.ALLTOALL, Kind.REDUCESCATTER) and array.ndim == 0:
-            raise ValueError(f"{kind.value} '{name}': the tensor needs at least one dimension")
-        if kind == Kind.ALLTOALL:
-            splits = np.asarray(splits, np.int64)
-            if splits.shape != (self.size,) or (splits < 0).any() or splits.sum() != array.shape[0]:
-                raise ValueError(
-                    f"alltoall '{name}': splits must be {self.size} non-negative row counts summing to "
-                    f"the first dimension {array.shape[0]}, got {splits.tolist()}"
-                )
-        bucket_name, offset = "", -1
-        if bucket is not None:
-            bucket_name, offset = bucket[0], self._offset_in_bucket(name, array, output, *bucket)
-        return Request(name, kind, dtype, array.shape, op, float(prescale), float(postscale), int(root), "cpu",
-                       bucket_name, offset)
-
-    def _offset_in_bucket(self, name, array, output, bucket_name, bucket):
-        """The element offset of `array` in the flat array `bucket`, checking it lies inside.
-        The bucket itself is checked once per array object: this runs for every gradient."""
-        if output is not None and output is not array:
-            raise ValueError(f"allreduce '{name}': a tensor in a bucket must be reduced in place")
-        known = self._buckets.get(bucket_name)
-        if known is None or known[0] is not bucket:
-            if bucket.ndim != 1 or not bucket.flags.c_contiguous:
-                raise ValueError(f"allreduce '{name}': bucket '{bucket_name}' must be a flat contiguous array")
-            known = self._buckets[bucket_name] = (bucket, _address(bucket))
-        if bucket.dtype != array.dtype:
-            raise ValueError(f"allreduce '{name}': bucket '{bucket_name}' holds {bucket.dtype}, not {array.dtype}")
-        offset, misaligned = divmod(_address(array) - known[1], array.itemsize)
-        if misaligned or offset < 0 or offset + array.size > bucket.size:
-            raise ValueError(f"allreduce '{name}': the tensor does not lie inside bucket '{bucket_name}'")
-        return offset
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -280,7 +191,11 @@ class Engine:
     def start_timeline(self, path, mark_cycles=False):
         if self.rank != 0:
             return
-        old, self._timeline = self._timeline, Timeline(path, mark_cycles)
+        try:
+            timeline = Timeline(path, mark_cycles)
+        except OSError as error:
+            raise ValueError(f"cannot write the timeline to {path!r}: {error.strerror}") from None
+        old, self._timeline = self._timeline, timeline
         if old is not None:
             old.close()
 
@@ -531,7 +446,7 @@ class Engine:
                 for g in group_indices:
                     for i in groups[g]:
                         if entries[i] is not None:
-                            timeline.span(entries[i].name, phase, start, end)
+                            timeline.span(ALLREDUCE, entries[i].name, phase, start, end)
 
         self._backends[batch.device].allreduce(sources, destinations, batch.op, batch.prescale, batch.postscale,
                                                record)
@@ -539,7 +454,8 @@ class Engine:
         entries = [entry for entry in entries if entry is not None]
         if timeline is not None:
             for entry in entries:
-                self._record_lifetime(timeline, entry, "ALLREDUCE", ready_at, started, finished)
+                self._record_lifetime(timeline, entry, ALLREDUCE, ready_at, started, finished)
+            timeline.flush()
         self._finish_all(entries)
 
     def _run_single(self, response, ready_at):
@@ -564,16 +480,17 @@ class Engine:
         finished = time.perf_counter()
         timeline = self._timeline
         if timeline is not None:
-            timeline.span(entry.name, f"MPI_{request.kind.value.upper()}", started, finished)
-            self._record_lifetime(timeline, entry, request.kind.value.upper(), ready_at, started, finished)
+            timeline.span(request.kind, entry.name, f"MPI_{request.kind.value.upper()}", started, finished)
+            self._record_lifetime(timeline, entry, request.kind, ready_at, started, finished)
+            timeline.flush()
         self._finish(entry, result)
 
     @staticmethod
-    def _record_lifetime(timeline, entry, operation, ready_at, started, finished):
-        submitted = entry.submitted_at
-        timeline.span(entry.name, f"NEGOTIATE_{operation}", submitted, max(submitted, ready_at))
-        timeline.span(entry.name, operation, ready_at, finished)
-        timeline.span(entry.name, "QUEUE", ready_at, started)
+    def _record_lifetime(timeline, entry, kind, ready_at, started, finished):
+        submitted, name, operation = entry.submitted_at, entry.name, kind.value.upper()
+        timeline.span(kind, name, f"NEGOTIATE_{operation}", submitted, max(submitted, ready_at))
+        timeline.span(kind, name, operation, ready_at, finished)
+        timeline.span(kind, name, "QUEUE", ready_at, started)
 
     def _finish(self, entry, result=None, error=None):
         self._pending.pop(entry.name, None)
@@ -617,23 +534,6 @@ class Engine:
         self._join_entry = None
         if message != SHUT_DOWN_MESSAGE:
             log.error(message)
-
-
-_DTYPE_NAMES = {}
-
-
-def _dtype_name(name, dtype):
-    """`dtype.name`, which NumPy builds anew on every call (microseconds: it counts here)."""
-    found = _DTYPE_NAMES.get(dtype)
-    if found is None:
-        if dtype.hasobject:
-            raise TypeError(f"collective '{name}': cannot send dtype {dtype}, which holds Python object references")
-        found = _DTYPE_NAMES[dtype] = dtype.name
-    return found
-
-
-def _address(array):
-    return array.__array_interface__["data"][0]
 
 
 def _regions(requests):

@@ -18,8 +18,16 @@ REDUCIBLE_DTYPES = frozenset(
 
 
 def _scale(destination, factor, source=None):
-    # Integer tensors are scaled in floating point and truncated, as Horovod does.
-    np.multiply(destination if source is None else source, factor, out=destination, casting="unsafe")
+    """`destination` = `source` (default: itself) times `factor`, as Horovod scales buffers:
+    integers in float64, truncated toward zero; float32 and float64 in their own precision; 16-bit
+    floats in float32. In their own precision the factor alone would be rounded to 11 bits
+    (float16) or 8 (bfloat16) before any product, an error as large as the rounding of the
+    result itself."""
+    source = destination if source is None else source
+    if destination.itemsize == 2 and destination.dtype.kind in "fV":  # float16, ml_dtypes' bfloat16
+        np.multiply(source, np.float32(factor), out=destination, dtype=np.float32, casting="unsafe")
+    else:
+        np.multiply(source, factor, out=destination, casting="unsafe")
 
 
 def _byte_view(array):

@@ -201,6 +201,11 @@ class Coordinator:
     def _respond(self, name, requests_by_rank, joined):
         lowest = min(requests_by_rank)
         request = requests_by_rank[lowest]
+        refusals = {rank: r.refusal for rank, r in requests_by_rank.items() if r.refusal}
+        if refusals:
+            reasons = "; ".join(f"rank {rank}: {reason}" for rank, reason in sorted(refusals.items()))
+            message = f"{request.kind.value} '{name}' was refused when submitted ({reasons}), so no rank runs it"
+            return Response(name, request.kind, request, error=message, error_field="refusal")
         mismatch = _mismatch(requests_by_rank)
         if mismatch is not None:
             field_name, values = mismatch

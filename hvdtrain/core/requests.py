@@ -60,6 +60,10 @@ class Request(NamedTuple):
     # of one bucket that lie next to each other are reduced as one region, without copies.
     bucket: str = ""
     offset: int = -1
+    # Why this rank refused the collective when it was submitted (the caller got that error at
+    # once); the coordinator then fails it on the ranks that did submit it, which would
+    # otherwise wait for this rank forever.
+    refusal: str = ""
 
     @property
     def nbytes(self):

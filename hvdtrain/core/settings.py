@@ -1,5 +1,6 @@
 """Engine settings read from the environment, with Horovod's variable names and defaults."""
 
+import difflib
 import logging
 import os
 from dataclasses import dataclass
@@ -38,6 +39,55 @@ class Settings:
     dynamic_process_sets: bool = False
 
 
+# Horovod 0.28's variables that hvdtrain reads (the others of HVDTRAIN_* are its own).
+IMPLEMENTED_VARIABLES = frozenset((
+    "HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME", "HOROVOD_CACHE_CAPACITY", "HOROVOD_TIMELINE",
+    "HOROVOD_TIMELINE_MARK_CYCLES", "HOROVOD_STALL_CHECK_DISABLE", "HOROVOD_STALL_CHECK_TIME_SECONDS",
+    "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "HOROVOD_LOG_LEVEL", "HOROVOD_DYNAMIC_PROCESS_SETS",
+))
+# Horovod 0.28's variables (its runtime knobs, those horovodrun sets for Gloo, and those that
+# choose what `pip install horovod` builds) that hvdtrain does not act on.
+UNIMPLEMENTED_VARIABLES = frozenset((
+    "HOROVOD_AUTOTUNE", "HOROVOD_AUTOTUNE_LOG", "HOROVOD_AUTOTUNE_WARMUP_SAMPLES",
+    "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES",
+    "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", "HOROVOD_HIERARCHICAL_ALLREDUCE", "HOROVOD_HIERARCHICAL_ALLGATHER",
+    "HOROVOD_TORUS_ALLREDUCE", "HOROVOD_BATCH_D2D_MEMCOPIES", "HOROVOD_NUM_NCCL_STREAMS", "HOROVOD_CPU_OPERATIONS",
+    "HOROVOD_GPU_OPERATIONS", "HOROVOD_GPU_ALLREDUCE", "HOROVOD_GPU_ALLGATHER", "HOROVOD_GPU_BROADCAST",
+    "HOROVOD_GPU_ALLTOALL", "HOROVOD_GPU_REDUCESCATTER", "HOROVOD_GPU", "HOROVOD_CONTROLLER",
+    "HOROVOD_CCL_CACHE", "HOROVOD_CCL_BGT_AFFINITY", "HOROVOD_ADASUM_MPI_CHUNK_SIZE", "HOROVOD_ADASUM_GPU",
+    "HOROVOD_MPI_THREADS_DISABLE", "HOROVOD_ELASTIC", "HOROVOD_THREAD_AFFINITY", "HOROVOD_DISABLE_GROUP_FUSION",
+    "HOROVOD_DISABLE_NVTX_RANGES", "HOROVOD_ENABLE_ASYNC_COMPLETION", "HOROVOD_ENABLE_XLA_OPS",
+    "HOROVOD_LOG_HIDE_TIME", "HOROVOD_MPI_CXX", "HOROVOD_GLOO_IFACE", "HOROVOD_GLOO_TIMEOUT_SECONDS",
+    "HOROVOD_GLOO_RENDEZVOUS_ADDR", "HOROVOD_GLOO_RENDEZVOUS_PORT", "HOROVOD_GLOO_GLOBAL_PREFIX",
+    "HOROVOD_GLOO_LOCAL_PREFIX", "HOROVOD_GLOO_CROSS_PREFIX", "HOROVOD_RANK", "HOROVOD_SIZE",
+    "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE", "HOROVOD_HOSTNAME",
+    "HOROVOD_START_TIMEOUT", "HOROVOD_ELASTIC_TIMEOUT", "HOROVOD_MIXED_INSTALL", "HOROVOD_NCCL_HOME",
+    "HOROVOD_NCCL_INCLUDE", "HOROVOD_NCCL_LIB", "HOROVOD_NCCL_LINK", "HOROVOD_CUDA_HOME", "HOROVOD_CUDA_INCLUDE",
+    "HOROVOD_CUDA_LIB", "HOROVOD_ROCM_HOME", "HOROVOD_BUILD_ARCH_FLAGS", "HOROVOD_BUILD_CUDA_CC_LIST",
+    "HOROVOD_CMAKE", "HOROVOD_DEBUG", "HOROVOD_WITH_MPI", "HOROVOD_WITHOUT_MPI", "HOROVOD_WITH_GLOO",
+    "HOROVOD_WITHOUT_GLOO", "HOROVOD_WITH_TENSORFLOW", "HOROVOD_WITHOUT_TENSORFLOW", "HOROVOD_WITH_PYTORCH",
+    "HOROVOD_WITHOUT_PYTORCH", "HOROVOD_WITH_MXNET", "HOROVOD_WITHOUT_MXNET",
+))
+
+
+def ignored_variables(env=None):
+    """One line for each HOROVOD_* variable set in `env` that hvdtrain ignores: a Horovod
+    variable it does not implement, or a name Horovod does not know (with the nearest one)."""
+    env = os.environ if env is None else env
+    known = sorted(IMPLEMENTED_VARIABLES | UNIMPLEMENTED_VARIABLES)
+    lines = []
+    for name in sorted(env):
+        if not name.startswith("HOROVOD_") or name in IMPLEMENTED_VARIABLES:
+            continue
+        if name in UNIMPLEMENTED_VARIABLES:
+            lines.append(f"{name} is set but not implemented by hvdtrain; ignored")
+            continue
+        nearest = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
+        hint = f" (did you mean {nearest[0]}?)" if nearest else ""
+        lines.append(f"{name} is set but is not a Horovod 0.28 variable{hint}; ignored")
+    return lines
+
+
 def _number(env, name, default, cast):
     raw = env.get(name)
     if raw is None or raw.strip() == "":
@@ -65,11 +115,16 @@ def from_environment(env=None) -> Settings:
     chunk_bytes = _number(env, "HVDTRAIN_CHUNK_BYTES", Settings.chunk_bytes, int)
     if chunk_bytes == 0:
         raise ValueError("environment variable HVDTRAIN_CHUNK_BYTES must be positive")
+    timeline_path = env.get("HOROVOD_TIMELINE") or None
+    if timeline_path is not None:
+        folder = os.path.dirname(os.path.abspath(timeline_path))
+        if not os.path.isdir(folder):
+            raise ValueError(f"environment variable HOROVOD_TIMELINE={timeline_path!r}: folder {folder} does not exist")
     return Settings(
         fusion_threshold_bytes=_number(env, "HOROVOD_FUSION_THRESHOLD", Settings.fusion_threshold_bytes, int),
         cycle_time_s=_number(env, "HOROVOD_CYCLE_TIME", 1.0, float) / 1000.0,
         cache_capacity=_number(env, "HOROVOD_CACHE_CAPACITY", Settings.cache_capacity, int),
-        timeline_path=env.get("HOROVOD_TIMELINE") or None,
+        timeline_path=timeline_path,
         timeline_mark_cycles=_flag(env, "HOROVOD_TIMELINE_MARK_CYCLES"),
         stall_check_enabled=not _flag(env, "HOROVOD_STALL_CHECK_DISABLE"),
         stall_check_time_s=_number(env, "HOROVOD_STALL_CHECK_TIME_SECONDS", Settings.stall_check_time_s, float),

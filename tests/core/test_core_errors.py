@@ -75,6 +75,8 @@ def check_refused_at_submission(n):
         (ValueError, "splits must be", lambda: core.alltoall_async(ones, splits=[4] + [0] * n, name="s")),
         (ValueError, "splits must be", lambda: core.alltoall_async(ones, splits=[6, -2] + [0] * (n - 2), name="s")),
         (ValueError, "splits must be", lambda: core.alltoall_async(ones, splits=[0] * (n - 1) + [3], name="s")),
+        (ValueError, r"splits must be integers \(row counts\), got \[1.5, 2.5",
+         lambda: core.alltoall_async(ones, splits=[1.5, 2.5] + [0] * (n - 2), name="s")),
         (ValueError, "must be contiguous", lambda: core.allreduce_async(np.ones(8)[::2], name="c")),
         (ValueError, "must be contiguous", lambda: core.allgather_async(np.ones((3, 2), order="F"), name="c")),
         (TypeError, "cannot reduce dtype bool", lambda: core.allreduce_async(np.ones(3, bool), name="b")),
@@ -100,6 +102,35 @@ def check_refused_at_submission(n):
     # A read-only input is fine when the result goes elsewhere.
     summed = core.allreduce_async(read_only, name="ro", output=np.empty(4), op=ReduceOp.SUM).wait()
     assert summed.tolist() == [n] * 4
+
+
+def check_refusal_on_one_rank(n, me):
+    """A collective refused on rank 1 alone (splits differ by rank) fails on the ranks that
+    submitted it, naming rank 1's reason, instead of leaving them waiting; unnamed ones keep
+    every rank's numbering in step, and the next collectives run."""
+    rows = np.arange(n, dtype=np.float64) + 10 * me
+    splits = [1.0] * n if me == 1 else [1] * n
+    for name in ("a2a.refused", None):
+        if me == 1:
+            with pytest.raises(ValueError, match=rf"splits must be integers \(row counts\), got \[{', '.join(['1.0'] * n)}\]"):
+                core.alltoall_async(rows, splits=splits, name=name)
+        else:
+            error, seconds = timed_failure(HorovodInternalError,
+                                           lambda: core.alltoall_async(rows, splits=splits, name=name))
+            assert "was refused when submitted (rank 1: " in str(error) and "splits must be integers" in str(error), error
+            assert seconds < SECONDS_TO_FAIL, seconds
+        received, _ = core.alltoall_async(rows).wait()
+        assert received.tolist() == [10 * r + me for r in range(n)]
+    # One tensor of a group refused on rank 1: the whole group fails everywhere.
+    arrays = [np.ones(2), np.ones(2, bool) if me == 1 else np.ones(2)]
+    if me == 1:
+        with pytest.raises(TypeError, match="cannot reduce dtype bool"):
+            core.grouped_allreduce_async(arrays, name="group.refused")
+    else:
+        for handle in core.grouped_allreduce_async(arrays, name="group.refused"):
+            with pytest.raises(HorovodInternalError, match="rank 1: .*cannot reduce dtype bool"):
+                handle.wait()
+    assert core.allreduce_async(np.ones(2), name="group.refused_0", op=ReduceOp.SUM).wait().tolist() == [n, n]
 
 
 def check_duplicate_names(n):
@@ -136,6 +167,7 @@ def ranks_errors():
     n, me = core.size(), core.rank()
     check_mismatches(n, me)
     check_refused_at_submission(n)
+    check_refusal_on_one_rank(n, me)
     check_duplicate_names(n)
     check_shutdown_of_one_rank(me)
 
