@@ -15,7 +15,7 @@ from hvdtrain.tensorflow import (  # noqa: F401 (re-exported)
 )
 
 from . import callbacks
-from .optimizer import DistributedOptimizer, load_model  # noqa: F401 (re-exported)
+from .optimizer import DistributedOptimizer, PartialDistributedOptimizer, load_model  # noqa: F401 (re-exported)
 
 
 def broadcast_global_variables(root_rank, model=None):

@@ -7,6 +7,7 @@ import tensorflow as tf
 
 from hvdtrain import core
 from hvdtrain.tensorflow.collectives import broadcast_variables
+from hvdtrain.tensorflow.gradients import variable_key
 
 
 def optimizer_variables(optimizer):
@@ -27,13 +28,26 @@ class BroadcastGlobalVariablesCallback(tf.keras.callbacks.Callback):
 
     Broadcasts when training begins (Keras 3 has built the model and optimizer by then, so
     the first step already starts alike) and again after the first batch, Horovod's moment,
-    when optimizers that make their slots lazily (tf-keras) have made them."""
+    when optimizers that make their slots lazily (tf-keras) have made them. The model's
+    `local_variables` (and those given to register_local_var) keep each rank's values."""
 
-    def __init__(self, root_rank, device=""):
+    def __init__(self, root_rank, device="", local_variables=None):
         super().__init__()
         self.root_rank = root_rank
         self.device = device
         self.broadcast_done = False
+        self._local_refs = set()
+        variable_types = (tf.Variable, getattr(tf.keras, "Variable", tf.Variable))  # Keras 3's are no tf.Variable
+        if isinstance(local_variables, variable_types):
+            local_variables = [local_variables]
+        if not all(isinstance(v, variable_types) for v in local_variables or ()):
+            raise ValueError("All local variables must be of tf.Variable type.")
+        for variable in local_variables or ():
+            self.register_local_var(variable)
+
+    def register_local_var(self, var):
+        """Leave `var` out of the broadcast: each rank keeps its own value."""
+        self._local_refs.add(variable_key(var))
 
     def on_train_begin(self, logs=None):
         self._broadcast()
@@ -44,8 +58,9 @@ class BroadcastGlobalVariablesCallback(tf.keras.callbacks.Callback):
             self.broadcast_done = True
 
     def _broadcast(self):
+        variables = [v for v in model_and_optimizer_variables(self.model) if variable_key(v) not in self._local_refs]
         with tf.device(self.device):
-            broadcast_variables(model_and_optimizer_variables(self.model), self.root_rank)
+            broadcast_variables(variables, self.root_rank)
 
 
 class MetricAverageCallback(tf.keras.callbacks.Callback):

@@ -1,6 +1,6 @@
 """Drop-in replacement for horovod.tensorflow (0.28) on TensorFlow 2: `import hvdtrain.tensorflow as hvd`.
 
-Eager mode and tf.function are both supported; TF1 sessions are not. `hvd.SyncBatchNormalization`
+Eager mode and tf.function are both supported; TF1 graphs run by a Session are refused. `hvd.SyncBatchNormalization`
 and `hvdtrain.tensorflow.keras` (the same module as `hvdtrain.keras`) import Keras on first use.
 """
 
@@ -33,7 +33,11 @@ from .collectives import (  # noqa: F401 (re-exported)
     size_op,
 )
 from .compression import Compression  # noqa: F401 (re-exported)
-from .gradients import DistributedGradientTape, DistributedOptimizer  # noqa: F401 (re-exported)
+from .gradients import (  # noqa: F401 (re-exported)
+    DistributedGradientTape,
+    DistributedOptimizer,
+    PartialDistributedGradientTape,
+)
 
 def __getattr__(name):
     # Keras costs seconds to import; only SyncBatchNormalization needs it.

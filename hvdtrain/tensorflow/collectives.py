@@ -5,9 +5,17 @@ into tensors without copying on the CPU:
 - eagerly, `np.asarray` views a tensor's memory and DLPack wraps the result arrays;
 - inside a graph, the same NumPy function runs as a `tf.numpy_function` op, which TensorFlow
   feeds with views of its tensors and whose returned arrays it adopts.
-numpy_function ops are stateful, and tf.function runs stateful ops in program order, so a
-traced function runs its collectives in the order its Python code called them — the same
-order on every rank — and one collective blocking for its peers cannot deadlock another.
+Each collective blocks one of TensorFlow's threads until its peers arrive, so every rank must
+run a graph's collectives in the same order: TensorFlow runs independent ops in any order, and
+ranks that picked different ones would each wait for a collective the others have not started.
+Each collective op therefore depends on the one built before it in the same graph (the order
+of the Python code, the same on every rank). tf.function orders its own stateful ops so, but
+not the backward function of a tf.function differentiated outside it. A TF1 graph run by a
+Session is refused: one run may fetch any subset of its collectives, so no fixed order fits.
+
+Errors are Horovod's TensorFlow errors: ranks that disagree about a collective get
+tf.errors.FailedPreconditionError eagerly (inside a graph TensorFlow turns any error of a
+Python op into UnknownError, whose message names it), bad arguments InvalidArgumentError.
 
 Names are deterministic on every rank: the caller's `name`; inside a graph, Horovod's name
 built from the input tensor's name; eagerly, the core numbers unnamed collectives in call
@@ -19,7 +27,7 @@ backend) replaces `_run_on_core`'s conversions when that backend exists.
 """
 
 import re
-import warnings
+import weakref
 
 import numpy as np
 import tensorflow as tf
@@ -39,11 +47,45 @@ from .compression import Compression
 def _run_on_core(run, tensors, dtypes, kind):
     """Call `run(arrays) -> arrays` on the tensors' memory and return its results as tensors."""
     if tf.executing_eagerly():
-        return [_tensor(result) for result in run([np.asarray(t) for t in tensors])]
-    # Inside a graph, TensorFlow hands 0-d inputs over as NumPy scalars.
-    results = tf.numpy_function(lambda *arrays: run([np.asarray(a) for a in arrays]), list(tensors), list(dtypes),
-                                stateful=True, name=f"Horovod{kind}")
-    return results if dtypes else []
+        return [_tensor(result) for result in _with_horovod_errors(run)([np.asarray(t) for t in tensors])]
+    if not tf.inside_function():
+        raise NotImplementedError(
+            f"hvdtrain.tensorflow: {kind} in a TF1 graph run by tf.compat.v1.Session is not supported (a session "
+            "run may fetch any subset of the graph's collectives, so ranks could wait on each other forever): "
+            "run the step eagerly or inside tf.function")
+    graph = tf.compat.v1.get_default_graph()
+    previous = _last_collective_op.get(graph)
+    with tf.control_dependencies([] if previous is None else [previous]):
+        # Inside a graph, TensorFlow hands 0-d inputs over as NumPy scalars; a ValueError or
+        # TypeError raised there reaches the caller as InvalidArgumentError.
+        results = tf.numpy_function(lambda *arrays: run([np.asarray(a) for a in arrays]), list(tensors),
+                                    list(dtypes), stateful=True, name=f"Horovod{kind}")
+    if not dtypes:
+        _last_collective_op[graph] = results  # an op without outputs
+        return []
+    _last_collective_op[graph] = results[0].op
+    return results
+
+
+# The newest collective op of each graph (tf.function, backward function, branch), which the
+# next one built there waits for.
+_last_collective_op = weakref.WeakKeyDictionary()
+
+
+def _with_horovod_errors(run):
+    """`run` raising the errors Horovod's TensorFlow ops raise (eagerly; see the module's doc)."""
+
+    def translated(arrays):
+        try:
+            return run(arrays)
+        except core.TensorMismatchError as error:
+            raise tf.errors.FailedPreconditionError(None, None, str(error)) from error
+        except (ValueError, TypeError) as error:
+            if not core.is_initialized():
+                raise  # "use hvd.init()": Horovod's ValueError too
+            raise tf.errors.InvalidArgumentError(None, None, str(error)) from error
+
+    return translated
 
 
 # TensorFlow's CPU kernels require the memory under a tensor to start at this boundary.
@@ -183,7 +225,12 @@ def _broadcast(tensors, root_rank, name, process_set):
         def grad(*upstream):
             reduced = _reduce(_zeros_for_none(upstream, results), _suffixed(name, ".grad"), Average, 1.0, 1.0,
                               process_set)
-            return reduced if core.rank() == root_rank else [tf.zeros_like(g) for g in reduced]
+            if core.rank() == root_rank:
+                return reduced
+            # The zeros wait for the reduction: a graph would otherwise drop it on these ranks
+            # only, and the root would wait for them forever.
+            with tf.control_dependencies(reduced):
+                return [tf.zeros_like(g) for g in reduced]
 
         return results, grad
 
@@ -216,7 +263,8 @@ def _alltoall(tensor, splits, name, process_set):
 
 def _reducescatter(tensors, name, op, prescale, postscale, process_set):
     """Reduce each tensor and give every rank its share of the first dimension. Gradient
-    (Horovod's): allgather of the incoming gradients, scaled by the size for Sum."""
+    (Horovod's): allgather of the incoming gradients times the scale factors, and times the
+    size for Sum."""
 
     @tf.custom_gradient
     def scatter(*inputs):
@@ -231,9 +279,8 @@ def _reducescatter(tensors, name, op, prescale, postscale, process_set):
         _with_static_shapes(results, [_ragged_shape(t) for t in inputs])
 
         def grad(*upstream):
-            upstream = _zeros_for_none(upstream, results)
-            if op == Sum:
-                upstream = [g * tf.cast(process_set.size(), g.dtype) for g in upstream]
+            factor = prescale * postscale * (process_set.size() if op == Sum else 1)
+            upstream = [g * tf.cast(factor, g.dtype) for g in _zeros_for_none(upstream, results)]
             return _gather(upstream, _suffixed(name, ".grad"), process_set)
 
         return results, grad

@@ -27,11 +27,23 @@ class GradientReduction:
     gradient_predivide_factor: float = 1.0
     groups: Union[None, int, Sequence[Sequence]] = None
     process_set: ProcessSet = global_process_set
+    scale_local_gradients: bool = True
 
-    def reduce(self, gradients, variables):
-        """The reduced `gradients` (None stays None); `variables` are what they belong to."""
-        if core.running_engine(self.process_set).size == 1:
+    def reduce(self, gradients, variables, local_refs=frozenset()):
+        """The reduced `gradients` (None stays None); `variables` are what they belong to.
+        Those of the variables in `local_refs` (their variable_key) are not reduced: each rank
+        keeps its own, divided by the size with scale_local_gradients, as Horovod does."""
+        size = core.running_engine(self.process_set).size
+        if size == 1:
             return list(gradients)
+        local = [variable_key(v) in local_refs for v in variables]
+        reduced = self._reduce_shared([None if is_local else g for g, is_local in zip(gradients, local)], variables)
+        for i, gradient in enumerate(gradients):
+            if local[i] and gradient is not None:
+                reduced[i] = _divided(gradient, size) if self.scale_local_gradients else gradient
+        return reduced
+
+    def _reduce_shared(self, gradients, variables):
         gradients = [tf.convert_to_tensor(g) if self.sparse_as_dense and isinstance(g, tf.IndexedSlices) else g
                      for g in gradients]
         # For an average, Horovod splits the division by the size around the sum.
@@ -67,8 +79,21 @@ class GradientReduction:
         return [group for group in explicit if group] + alone
 
 
+def variable_key(variable):
+    """What identifies a variable (or a watched tensor) in a set: its `.ref()`, as in Horovod;
+    Keras 3's variables have none, so their identity."""
+    return variable.ref() if hasattr(variable, "ref") else id(variable)
+
+
+def _divided(gradient, size):
+    if isinstance(gradient, tf.IndexedSlices):
+        return tf.IndexedSlices(gradient.values / size, gradient.indices, gradient.dense_shape)
+    return gradient / size
+
+
 def gradient_reduction(name, compression=Compression.none, sparse_as_dense=False, op=Average,
-                       gradient_predivide_factor=1.0, num_groups=0, groups=None, process_set=global_process_set):
+                       gradient_predivide_factor=1.0, num_groups=0, groups=None, process_set=global_process_set,
+                       scale_local_gradients=True):
     """A GradientReduction from Horovod's arguments, checked as Horovod checks them."""
     if op == Adasum:
         raise NotImplementedError("hvdtrain does not implement the Adasum reduction; use op=Average or op=Sum")
@@ -81,7 +106,19 @@ def gradient_reduction(name, compression=Compression.none, sparse_as_dense=False
             groups = num_groups
     if groups is not None and not (isinstance(groups, list) or (isinstance(groups, int) and groups > 0)):
         raise ValueError("groups should be a non-negative integer or a list of list of tf.Variable.")
-    return GradientReduction(name, compression, sparse_as_dense, op, gradient_predivide_factor, groups, process_set)
+    return GradientReduction(name, compression, sparse_as_dense, op, gradient_predivide_factor, groups, process_set,
+                             scale_local_gradients)
+
+
+def local_layer_variables(local_layers):
+    """The trainable variables of Horovod's `local_layers` argument (a layer or a list of them)."""
+    if local_layers is None:
+        return []
+    if isinstance(local_layers, tf.keras.layers.Layer):
+        local_layers = [local_layers]
+    if not all(isinstance(layer, tf.keras.layers.Layer) for layer in local_layers):
+        raise ValueError("All local layers must be of tf.keras.layers.Layer type.")
+    return [variable for layer in local_layers for variable in layer.trainable_weights]
 
 
 class _DistributedGradient:
@@ -91,17 +128,33 @@ class _DistributedGradient:
         """tf.GradientTape.gradient, reduced over ranks. `use_generic_names` is accepted for
         Horovod's signature: gradients are always named after their position."""
         gradients = super().gradient(target, sources, output_gradients, **kwargs)
-        reduced = self._hvdtrain_reduction.reduce(tf.nest.flatten(gradients), tf.nest.flatten(sources))
+        reduced = self._hvdtrain_reduction.reduce(tf.nest.flatten(gradients), tf.nest.flatten(sources),
+                                                  self._hvdtrain_local_sources)
         return tf.nest.pack_sequence_as(gradients, reduced)
+
+    def register_local_source(self, source):
+        """Keep this rank's own gradient for `source` (a variable or watched tensor): it is
+        not reduced over ranks (but divided by the size with scale_local_gradients)."""
+        self._hvdtrain_local_sources.add(variable_key(source))
+
+    def get_local_and_global_gradients(self, target, sources, output_gradients=None, use_generic_names=False):
+        """gradient()'s (source, gradient) pairs, split into those of local sources and the others."""
+        gradients = self.gradient(target, sources, output_gradients, use_generic_names)
+        local, shared = [], []
+        for source, gradient in zip(sources, gradients):
+            (local if variable_key(source) in self._hvdtrain_local_sources else shared).append((source, gradient))
+        return local, shared
 
 
 def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compression=Compression.none,
                             sparse_as_dense=False, op=Average, gradient_predivide_factor=1.0, num_groups=0,
-                            groups=None, process_set=global_process_set):
+                            groups=None, process_set=global_process_set, scale_local_gradients=True):
     """A tape like `gradtape` whose gradient() averages (or `op`-reduces) the gradients over
-    ranks (of `process_set`). `device_dense`/`device_sparse` are accepted for Horovod's signature."""
+    ranks (of `process_set`), but those of sources given to register_local_source().
+    `device_dense`/`device_sparse` are accepted for Horovod's signature."""
     reduction = gradient_reduction("DistributedGradientTape", compression, sparse_as_dense, op,
-                                   gradient_predivide_factor, num_groups, groups, process_set)
+                                   gradient_predivide_factor, num_groups, groups, process_set,
+                                   scale_local_gradients)
     tape_class = type(gradtape)
     distributed_class = type(tape_class.__name__, (_DistributedGradient, tape_class), {})
     distributed = object.__new__(distributed_class)
@@ -109,7 +162,22 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compres
     # recording stops recording for both when its `with` block ends.
     distributed.__dict__ = gradtape.__dict__
     distributed._hvdtrain_reduction = reduction
+    distributed._hvdtrain_local_sources = set()
     return distributed
+
+
+def PartialDistributedGradientTape(gradtape, device_dense="", device_sparse="", compression=Compression.none,
+                                   sparse_as_dense=False, op=Average, gradient_predivide_factor=1.0, num_groups=0,
+                                   groups=None, process_set=global_process_set, local_layers=None,
+                                   scale_local_gradients=True):
+    """DistributedGradientTape whose gradients of `local_layers`' trainable variables stay
+    this rank's own (see register_local_source)."""
+    local_variables = local_layer_variables(local_layers)
+    tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression, sparse_as_dense, op,
+                                   gradient_predivide_factor, num_groups, groups, process_set, scale_local_gradients)
+    for variable in local_variables:
+        tape.register_local_source(variable)
+    return tape
 
 
 def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="", device_sparse="",

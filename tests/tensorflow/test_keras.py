@@ -1,7 +1,9 @@
 """hvdtrain.keras on real ranks, under Keras 3 and under tf-keras (TF_USE_LEGACY_KERAS=1):
-model.fit with DistributedOptimizer equals one process with the whole batch; the callbacks
-broadcast, average metrics and warm the learning rate up as Horovod's do; SyncBatchNormalization
-normalizes over the global batch; BestModelCheckpoint writes from rank 0 only."""
+model.fit with DistributedOptimizer equals one process with the whole batch, and so do tf-keras's
+minimize() and Horovod's _compute_gradients() path; the callbacks broadcast, average metrics and
+warm the learning rate up as Horovod's do; local variables keep each rank's own gradients and
+values; SyncBatchNormalization normalizes over the global batch; BestModelCheckpoint writes from
+rank 0 only."""
 
 import os
 
@@ -19,7 +21,8 @@ def ranks_keras(checkpoint_dir):
     hvd.init()
     tf.keras.backend.set_floatx("float64")
     for check in (check_fit_equivalence_and_metric_average, check_broadcast_callback, check_warmup,
-                  check_sync_batch_normalization, check_bad_arguments):
+                  check_sync_batch_normalization, check_bad_arguments, check_compute_gradients_path,
+                  check_local_variables):
         check(tf, hvd)
     check_best_model_checkpoint(tf, hvd, checkpoint_dir)
     check_load_model(tf, hvd, os.path.join(checkpoint_dir, "resume"))
@@ -239,6 +242,119 @@ def check_bad_arguments(tf, hvd):
     logs = {"loss": 1.0} if hvd.rank() == 0 else {"loss": 1.0, "extra": 2.0}
     with pytest.raises(ValueError, match="every rank must log the same metrics"):
         hvd.callbacks.MetricAverageCallback().on_epoch_end(0, logs)
+
+
+def check_compute_gradients_path(tf, hvd):
+    """tf-keras (Keras 3 optimizers have no compute path): minimize(), and Horovod's
+    _compute_gradients() then apply_gradients() in a tf.function, with backward_passes_per_step
+    2 and an embedding's sparse gradient made dense, reach the weights of one process with the
+    whole batch; _compute_gradients() returns the reduced gradients, equal on every rank."""
+    from hvdtrain.tensorflow import allgather_object
+
+    if not hasattr(tf.keras.optimizers.SGD(), "compute_gradients"):
+        return
+    n, r = hvd.size(), hvd.rank()
+    rng = np.random.default_rng(11)
+    rows_total = 4 * n * BATCH
+    data = rng.normal(size=(rows_total, 3)), rng.integers(0, 6, rows_total), rng.normal(size=(rows_total, 1))
+    initial = [rng.normal(size=(3, 1)), rng.normal(size=(6, 1))]
+
+    def batch(rows):
+        return [tf.constant(a[rows]) for a in data]
+
+    def loss(variables, x, i, y):
+        return tf.reduce_mean((x @ variables[0] + tf.gather(variables[1], i) - y) ** 2)
+
+    alone = [tf.Variable(w) for w in initial]
+    for step in range(2):  # one update per 2 passes over the n ranks' batches
+        with tf.GradientTape() as tape:
+            value = loss(alone, *batch(slice(step * 2 * n * BATCH, (step + 1) * 2 * n * BATCH)))
+        for variable, gradient in zip(alone, tape.gradient(value, alone)):
+            variable.assign_sub(0.1 * tf.convert_to_tensor(gradient))
+
+    for path in ("minimize", "_compute_gradients"):
+        variables = [tf.Variable(w) for w in initial]
+        optimizer = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), backward_passes_per_step=2,
+                                             average_aggregated_gradients=True, sparse_as_dense=True)
+
+        @tf.function
+        def compute_and_apply(x, i, y):
+            with tf.GradientTape() as tape:
+                value = loss(variables, x, i, y)
+            grads_and_vars = optimizer._compute_gradients(value, variables, tape=tape)
+            optimizer.apply_gradients(grads_and_vars)
+            return [g for g, _ in grads_and_vars]
+
+        for p in range(4):
+            x, i, y = batch(slice((p * n + r) * BATCH, (p * n + r + 1) * BATCH))
+            if path == "minimize":
+                optimizer.minimize(lambda: loss(variables, x, i, y), variables)
+            else:
+                gradients = [g.numpy() for g in compute_and_apply(x, i, y)]
+                if p % 2:  # a pass that reduced: the same gradients everywhere
+                    for other in allgather_object(gradients):
+                        for mine, theirs in zip(gradients, other):
+                            np.testing.assert_array_equal(mine, theirs)
+        assert int(optimizer.iterations.numpy()) == 4
+        for got, want in zip(variables, alone):
+            np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-12, err_msg=path)
+
+
+def _one_of(variable, variables):
+    return any(variable is v for v in variables)
+
+
+def check_local_variables(tf, hvd):
+    """Gradients of local variables stay each rank's own, divided by the size (Horovod's
+    scale_local_gradients), with PartialDistributedOptimizer (local_layers),
+    register_local_var, and PartialDistributedGradientTape; the others are averaged.
+    BroadcastGlobalVariablesCallback(local_variables=...) leaves those at each rank's values."""
+    import hvdtrain.tensorflow as hvd_tf
+
+    n, r = hvd.size(), hvd.rank()
+    mean = (n + 1) / 2  # of the ranks' gradients r + 1
+
+    def two_layers(value, trainable=True):
+        initializer = tf.keras.initializers.Constant(value)
+        model = tf.keras.Sequential([tf.keras.Input((2,))] + [
+            tf.keras.layers.Dense(2, kernel_initializer=initializer, bias_initializer=initializer,
+                                  trainable=trainable) for _ in range(2)])
+        return model, model.layers[0].trainable_weights, model.layers[1].trainable_weights
+
+    for make in ("PartialDistributedOptimizer", "register_local_var", "scale_local_gradients=False"):
+        model, local, shared = two_layers(0.0)
+        sgd = tf.keras.optimizers.SGD(1.0)
+        if make == "PartialDistributedOptimizer":
+            optimizer = hvd.PartialDistributedOptimizer(sgd, local_layers=model.layers[0])
+        else:
+            optimizer = hvd.DistributedOptimizer(sgd, scale_local_gradients=make == "register_local_var")
+            for variable in local:
+                optimizer.register_local_var(variable)
+        optimizer.apply_gradients([(tf.ones_like(v) * (r + 1), v) for v in local + shared])
+        own = (r + 1) / n if make != "scale_local_gradients=False" else r + 1
+        for variable in local + shared:
+            np.testing.assert_allclose(variable.numpy(), -own if _one_of(variable, local) else -mean, err_msg=make)
+
+    # Weights and inputs of ones: h = 3, d loss/d b1 = r + 1, d W1 = 3 (r + 1), d b0 = d W0 = 2 (r + 1).
+    model, local, shared = two_layers(1.0)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(model(tf.ones((1, 2)))) * (r + 1)
+    tape = hvd_tf.PartialDistributedGradientTape(tape, local_layers=[model.layers[0]])
+    local_pairs, shared_pairs = tape.get_local_and_global_gradients(loss, local + shared)
+    assert all(v is w for (v, _), w in zip(local_pairs + shared_pairs, local + shared))
+    for (_, gradient), want in zip(local_pairs + shared_pairs, [2 * (r + 1) / n] * 2 + [3 * mean, mean]):
+        np.testing.assert_allclose(gradient, np.full(gradient.shape, want))
+
+    model, local, shared = two_layers(float(r), trainable=False)
+    root = n - 1
+    model.compile(loss="mse", optimizer=hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.1)))
+    local_variables = model.layers[0].variables
+    model.fit(np.ones((2, 2)), np.ones((2, 2)), batch_size=2, epochs=1, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(root, local_variables=local_variables)])
+    for variable in model.variables:
+        np.testing.assert_array_equal(variable.numpy(), r if _one_of(variable, local_variables) else root)
+    with pytest.raises(ValueError, match="local variables must be of tf.Variable type"):
+        hvd.callbacks.BroadcastGlobalVariablesCallback(0, local_variables=[np.zeros(2)])
 
 
 @pytest.mark.parametrize("keras", ["keras3", "tf-keras"])
