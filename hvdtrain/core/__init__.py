@@ -44,15 +44,18 @@ _unnamed_object_calls = {}  # per (kind, process set), since this engine started
 
 def init(comm=None, process_sets=None):
     """Start the engine on `comm` (an mpi4py communicator; MPI.COMM_WORLD by default).
-    `process_sets`: ProcessSets to register on every rank, or "dynamic" to allow
-    add_process_set() later (as HOROVOD_DYNAMIC_PROCESS_SETS=1 does).
-    Calling it again while initialized does nothing."""
+    `process_sets`: ProcessSets (or lists of ranks) to register on every rank, or "dynamic" to
+    allow add_process_set() later (as HOROVOD_DYNAMIC_PROCESS_SETS=1 does). As in Horovod, a set
+    given twice, or one of all ranks, is registered once. Calling it again while initialized does
+    nothing."""
     global _engine, _atexit_registered
     dynamic = process_sets == "dynamic"
     if process_sets is None or dynamic:
         process_sets = []
-    elif isinstance(process_sets, ProcessSet) or not all(isinstance(p, ProcessSet) for p in process_sets):
-        raise ValueError(f"init(process_sets=...) takes a list of ProcessSet objects or 'dynamic', got {process_sets!r}")
+    elif isinstance(process_sets, (ProcessSet, str)) or not hasattr(process_sets, "__iter__"):
+        raise ValueError(f"init(process_sets=...) takes a list of process sets or 'dynamic', got {process_sets!r}")
+    else:
+        process_sets = [p if isinstance(p, ProcessSet) else ProcessSet(p) for p in process_sets]
     with _init_lock:
         if _engine is not None and _engine.alive:
             return

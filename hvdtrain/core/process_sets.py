@@ -100,7 +100,7 @@ def agree_at_init(comm, process_sets):
     timeline). Every rank takes part, even with no sets of its own: a rank outside every
     communicator still registers the sets other ranks made from theirs."""
     requests = [_request(s, comm) for s in process_sets]
-    return requests, _agree(comm.allgather(requests), 1, comm.Get_size())
+    return requests, _agree(comm.allgather(requests), 1, comm.Get_size(), repeats_allowed=True)
 
 
 def start(comm, settings, world_engine, process_sets, agreement, dynamic):
@@ -153,11 +153,12 @@ def remove_process_set(process_set):
             "init(process_sets='dynamic')"
         )
     set_id = process_set.process_set_id
-    if not set_id or registry.sets.get(set_id) is not process_set:
+    registered = registry.sets.get(set_id)
+    if not set_id or registered is None or registered.ranks != process_set.ranks:
         return False
     del registry.sets[set_id]
     engine = registry.engines.pop(set_id)
-    process_set.process_set_id = None
+    registered.process_set_id = process_set.process_set_id = None
     if engine is not None:
         engine.shutdown()  # its members stop it together: each of them removes the set
     return True
@@ -167,7 +168,10 @@ def engine_of(process_set):
     """The engine that runs this rank's collectives in `process_set`."""
     registry = _running_registry()
     set_id = process_set.process_set_id
-    if registry.sets.get(set_id) is not process_set:
+    if set_id == 0:
+        return registry.world_engine
+    registered = registry.sets.get(set_id)
+    if registered is None or registered.ranks != process_set.ranks:
         raise ValueError(f"{process_set} is not registered: pass it to init(process_sets=[...]) or add_process_set()")
     engine = registry.engines[set_id]
     if engine is None:
@@ -213,7 +217,9 @@ def _register(process_sets, requests, agreed):
         )
     # This rank's objects take the ids of their sets; the sets it did not pass (communicators it
     # is not part of) get objects of their own, so that process_set_by_id knows every set.
-    objects = {tuple(ranks): s for s, (_, ranks) in zip(process_sets, requests)}
+    objects = {}
+    for process_set, (_, ranks) in zip(process_sets, requests):
+        objects.setdefault(tuple(ranks), process_set)
     for set_id, ranks in enumerate(agreed, start=first_id):
         process_set = objects.get(tuple(ranks)) or ProcessSet(ranks)
         member = world.rank in ranks
@@ -229,6 +235,18 @@ def _register(process_sets, requests, agreed):
         registry.engines[set_id] = engine
         registry.sets[set_id] = process_set
         process_set.ranks, process_set.process_set_id = list(ranks), set_id
+    ids = {tuple(s.ranks): set_id for set_id, s in registry.sets.items()}
+    ids[tuple(range(world.size))] = 0
+    for process_set, (_, ranks) in zip(process_sets, requests):  # the repeats of a registered set
+        process_set.ranks, process_set.process_set_id = list(ranks), ids[tuple(ranks)]
+
+
+def _first_of_each(requests, all_ranks):
+    kept = []
+    for kind, ranks in requests:
+        if ranks != all_ranks and all(ranks != seen for _, seen in kept):
+            kept.append((kind, ranks))
+    return kept
 
 
 def _request(process_set, init_comm, dynamic=False):
@@ -254,13 +272,17 @@ def _request(process_set, init_comm, dynamic=False):
     return "comm", sorted(ranks)
 
 
-def _agree(asked, first_id, size):
+def _agree(asked, first_id, size, repeats_allowed=False):
     """The sets to register, in id order, from what each rank asked for (`asked[rank]`), or a
-    ValueError naming the ranks at fault: the same on every rank, since all see `asked`."""
+    ValueError naming the ranks at fault: the same on every rank, since all see `asked`.
+    `repeats_allowed` (init): as in Horovod, a set given again, or one of all ranks, is not
+    registered again; its objects get the id of the set registered with those ranks."""
     errors = [f"rank {r}: {detail}" for r, requests in enumerate(asked) for kind, detail in requests
               if kind == "error"]
     if errors:
         raise ValueError(f"cannot register process sets ({'; '.join(errors)})")
+    if repeats_allowed:
+        asked = [_first_of_each(requests, list(range(size))) for requests in asked]
     for r, requests in enumerate(asked):
         asked_ranks = [ranks for _, ranks in requests]
         repeated = next((ranks for i, ranks in enumerate(asked_ranks) if ranks in asked_ranks[:i]), None)

@@ -128,9 +128,10 @@ def check_communicator_sets_refused(n, case):
         pair = world.Split(color=0 if me < 2 else MPI.UNDEFINED, key=me)
         sets = [ProcessSet(pair)]  # COMM_NULL on the ranks outside the pair
         expected = rf"rank {n - 1}: its ProcessSet was made from MPI.COMM_NULL"
-    else:  # the same ranks from a list and from a communicator
-        sets = [ProcessSet(range(n)), ProcessSet(world)]
-        expected = r"rank 0 passed the process set of ranks \[0, 1, 2\] twice"
+    else:  # a rank that is a member passes nothing
+        pair = world.Split(color=0 if me < 2 else MPI.UNDEFINED, key=me)
+        sets = [] if me == 1 else [ProcessSet(pair)] if me == 0 else []
+        expected = r"was passed to init\(\) by rank\(s\) \[0\] but not by its member\(s\) \[1\]"
     with pytest.raises(ValueError, match=expected):
         core.init(process_sets=sets)
     # Every rank failed the same way, before starting anything, and may initialize again.
@@ -186,7 +187,7 @@ def test_sets_made_from_communicators_are_registered_on_every_rank(mpirun, n):
     mpirun(n, check_sets_from_communicators, n)
 
 
-@pytest.mark.parametrize("case", ["not passed by a member", "not a member", "twice"])
+@pytest.mark.parametrize("case", ["not passed by a member", "not a member"])
 def test_bad_sets_from_communicators_fail_on_every_rank(mpirun, case):
     mpirun(3, check_communicator_sets_refused, 3, case)
 
@@ -202,7 +203,37 @@ def test_a_bad_process_set_is_refused_when_made(ranks, message):
         ProcessSet(ranks)
 
 
-def test_init_refuses_process_sets_that_are_not_a_list_of_process_sets():
-    with pytest.raises(ValueError, match=r"takes a list of ProcessSet objects or 'dynamic', got \[\[0, 1\]\]"):
-        core.init(process_sets=[[0, 1]])
+@pytest.mark.parametrize("process_sets", [ProcessSet([0, 1]), "static", 3])
+def test_init_refuses_process_sets_that_are_not_a_list_of_process_sets(process_sets):
+    with pytest.raises(ValueError, match=r"takes a list of process sets or 'dynamic', got "):
+        core.init(process_sets=process_sets)
     assert not core.is_initialized()
+
+
+def check_repeated_sets_are_registered_once(n):
+    """Horovod's static rule: lists of ranks are process sets too, their order does not matter, and
+    a set given again or one of all ranks is not registered again; every object given gets the id
+    of the set registered with its ranks, and works as that set."""
+    from mpi4py import MPI
+
+    n, me = int(n), MPI.COMM_WORLD.Get_rank()
+    rest = list(range(1, n)) if me == 0 else list(reversed(range(1, n)))
+    repeated_rest, whole = ProcessSet(rest), ProcessSet(MPI.COMM_WORLD)
+    given = [[0], rest, list(range(n - 1, -1, -1)), [0], repeated_rest, whole]
+    core.init(process_sets=given)
+    assert [process_set_by_id(i).ranks for i in (0, 1, 2)] == [list(range(n)), [0], list(range(1, n))]
+    with pytest.raises(ValueError, match="no process set with id 3"):
+        process_set_by_id(3)
+    assert (repeated_rest.process_set_id, whole.process_set_id) == (2, 0)
+    expected = sum(data(r) for r in range(1, n)).tolist()
+    if me:
+        assert core.allreduce_async(data(me), name="rest", op=ReduceOp.SUM,
+                                    process_set=repeated_rest).wait().tolist() == expected
+    assert core.allreduce_async(data(me), name="all", op=ReduceOp.SUM, process_set=whole).wait().tolist() == \
+        sum(data(r) for r in range(n)).tolist()
+    core.shutdown()
+
+
+@pytest.mark.parametrize("n", [3, 4])
+def test_repeated_sets_are_registered_once_as_in_horovod(mpirun, n):
+    mpirun(n, check_repeated_sets_are_registered_once, n)
