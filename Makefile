@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed-stamp
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PYTHON) || python3 -m venv $(VENV)
-	$(PYTHON) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[mpi,tf,dev]'
+	$(PYTHON) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[mpi,tf,gpu,dev]'
 	@touch $(STAMP)
 
 run: $(STAMP)

@@ -1,6 +1,7 @@
-"""The engine against raw MPI on the gradients of a real model.
+"""The engine against raw MPI (on the CPU) or raw NCCL (on a GPU) on the gradients of a real model.
 
     mpirun -np 2 python scripts/bench_allreduce.py --model resnet101
+    python scripts/bench_allreduce.py --device cuda            # one GPU; mpirun -np N for N GPUs
 
 Measures, with the gradients of a torchvision model (ResNet-101: 314 tensors, 178 MB) laid out
 as hvdtrain.torch's DistributedOptimizer lays them out (views of one flat bucket):
@@ -18,6 +19,11 @@ above 1 mean the engine is faster.
 Every timed run reduces inputs set just before it (outside the timed region) to a known pattern,
 and its result is checked against the exact value computed from that pattern: a wrong result
 stops the whole job (MPI_Abort) with the variant, rank, tensor and element at fault.
+
+With --device cuda the gradients lie on the GPU (cuda:local_rank) and the reference is one raw
+NCCL allreduce (CuPy's NcclCommunicator) of the whole bucket, in place, on a stream of its own;
+a timed run ends when the device has finished (the stream is synchronized), for both. Beside
+the ratios it prints NCCL's bus bandwidth, 2 (n - 1) / n x bytes / time.
 """
 
 import argparse
@@ -52,7 +58,10 @@ class Workload:
 
     def fill(self, rank):
         for (_, array), base in zip(self.arrays, self.bases):
-            np.multiply(base, rank + 1, out=array)
+            if isinstance(array, np.ndarray):
+                np.multiply(base, rank + 1, out=array)
+            else:  # device memory (CuPy): set from the host
+                array.set(base * np.float32(rank + 1))
 
     def check(self, average, size, rank, what):
         """Raise WrongResult unless every array holds the sum (or average) of every rank's fill."""
@@ -61,6 +70,8 @@ class Workload:
         # A sum of integers is exact; an average may be scaled by a rounded 1/size.
         tolerance = 1e-6 if average else 0.0
         for (name, array), base in zip(self.arrays, self.bases):
+            if not isinstance(array, np.ndarray):
+                array = array.get()
             expected = base * np.float32(factor)
             wrong = ~np.isclose(array, expected, rtol=tolerance, atol=0.0)
             if wrong.any():
@@ -224,7 +235,10 @@ def main():
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", help="also write the results to this file (rank 0)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = parser.parse_args()
+    if args.device == "cuda":
+        return gpu_main(args)
 
     from mpi4py import MPI
 
@@ -284,6 +298,123 @@ def main():
     print(f"  negotiation of {len(in_bucket)} one-element tensors: {report['negotiation_ms']['cached']:.2f} ms with "
           f"the response cache, {report['negotiation_ms']['uncached']:.2f} ms through the coordinator "
           f"(HOROVOD_CACHE_CAPACITY=0)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+
+
+# ----------------------------------------------------------------------------- on a GPU
+
+
+def gpu_gradient_bucket(model_name):
+    """As gradient_bucket, on this rank's GPU: CuPy views of the optimizer's device bucket."""
+    import torch
+    import torchvision
+
+    from hvdtrain import core
+    from hvdtrain.torch.optimizer import _GradientBuckets
+
+    device = torch.device("cuda", core.local_rank() % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    named = list(getattr(torchvision.models, model_name)().to(device).named_parameters())
+    buckets = _GradientBuckets([p for _, p in named], "gradients")
+    return [(name, buckets.arrays[p]) for name, p in named], buckets.spec[named[0][1]][1]
+
+
+def raw_nccl_time(bucket, flat_pattern, warmup, repeats):
+    """One NCCL allreduce of the whole bucket, in place, with CuPy's bindings and nothing else."""
+    import cupy
+    from cupy.cuda import nccl
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    unique_id = comm.bcast(nccl.get_unique_id() if comm.Get_rank() == 0 else None, root=0)
+    communicator = nccl.NcclCommunicator(comm.Get_size(), unique_id, comm.Get_rank())
+    stream = cupy.cuda.Stream(non_blocking=True)
+
+    def run():
+        communicator.allReduce(bucket.data.ptr, bucket.data.ptr, bucket.size, nccl.NCCL_FLOAT32, nccl.NCCL_SUM,
+                               stream.ptr)
+        stream.synchronize()
+
+    seconds = median_time(run, workload([("bucket", bucket)], flat_pattern), False, "raw NCCL allreduce", warmup,
+                          repeats, comm.Barrier)
+    communicator.destroy()
+    return seconds
+
+
+def gpu_engine_time(what, tensors, flat_pattern, op, warmup, repeats, bucket=None):
+    import cupy
+
+    from hvdtrain import core
+
+    names = [f"grad.{name}" for name, _ in tensors]
+    bucket_spec = None if bucket is None else ("gradients", bucket)
+    stream = cupy.cuda.Stream(non_blocking=True)  # the caller's stream, as a training step's
+
+    def run():
+        with stream:
+            handles = [core.allreduce_async(array, name=name, op=op, bucket=bucket_spec, stream=stream.ptr)
+                       for name, (_, array) in zip(names, tensors)]
+            for handle in handles:
+                handle.wait(stream.ptr)
+        stream.synchronize()
+
+    return median_time(run, workload(tensors, flat_pattern), op == core.ReduceOp.AVERAGE, what, warmup, repeats,
+                       core.barrier)
+
+
+def gpu_main(args):
+    import cupy
+    from mpi4py import MPI
+
+    from hvdtrain import core
+
+    core.init()
+    in_bucket, bucket = gpu_gradient_bucket(args.model)
+    separate = [(name, cupy.empty(array.shape, np.float32)) for name, array in in_bucket]
+    flat_pattern = pattern(bucket.size)
+    SUM, AVERAGE = core.ReduceOp.SUM, core.ReduceOp.AVERAGE
+    variants = {  # name: (tensors, op, the bucket they are views of)
+        "bucket_sum": (in_bucket, SUM, bucket),
+        "bucket_average": (in_bucket, AVERAGE, bucket),
+        "bucket_sum_one_tensor": ([("all", bucket)], SUM, bucket),
+        "separate_sum": (separate, SUM, None),
+    }
+    rounds = []
+    try:
+        for index in range(args.rounds):
+            raw = raw_nccl_time(bucket, flat_pattern, args.warmup, args.repeats)
+            names = list(variants)[index % len(variants):] + list(variants)[:index % len(variants)]
+            engine = {}
+            for name in names:
+                tensors, op, in_bucket_of = variants[name]
+                engine[name] = gpu_engine_time(name, tensors, flat_pattern, op, args.warmup, args.repeats, in_bucket_of)
+            rounds.append({"raw": raw, "engine": engine, "ratio": {k: raw / v for k, v in engine.items()}})
+    except WrongResult as error:
+        print(f"bench_allreduce: {error}", file=sys.stderr, flush=True)
+        MPI.COMM_WORLD.Abort(1)
+    core.shutdown()
+    if MPI.COMM_WORLD.Get_rank() != 0:
+        return
+    size = MPI.COMM_WORLD.Get_size()
+    raw_s = statistics.median(r["raw"] for r in rounds)
+    report = {
+        "device": "cuda", "gpu": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(), "model": args.model,
+        "ranks": size, "tensors": len(in_bucket), "megabytes": round(bucket.nbytes / 1e6, 1), "rounds": args.rounds,
+        "raw_nccl_ms": round(raw_s * 1e3, 3),
+        "bus_bandwidth_gb_s": round(2 * (size - 1) / size * bucket.nbytes / raw_s / 1e9, 1) if size > 1 else None,
+        "engine_ms": {k: round(statistics.median(r["engine"][k] for r in rounds) * 1e3, 3) for k in variants},
+        "ratio_raw_over_engine": {k: round(statistics.median(r["ratio"][k] for r in rounds), 3) for k in variants},
+        "ratio_by_round": {k: [round(r["ratio"][k], 3) for r in rounds] for k in variants},
+    }
+    print(f"{args.model} on {report['gpu']}: {len(in_bucket)} tensors, {report['megabytes']} MB, {size} ranks; "
+          f"{args.rounds} rounds, each a median of {args.repeats} after {args.warmup} warm-up")
+    print(f"  raw NCCL allreduce of the bucket:           {report['raw_nccl_ms']:8.3f} ms"
+          + (f"   bus bandwidth {report['bus_bandwidth_gb_s']} GB/s" if size > 1 else ""))
+    for key in variants:
+        print(f"  engine, {key:<34} {report['engine_ms'][key]:8.3f} ms   raw/this = "
+              f"{report['ratio_raw_over_engine'][key]:.3f}  (rounds: {report['ratio_by_round'][key]})")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)

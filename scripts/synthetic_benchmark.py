@@ -5,6 +5,8 @@ synthetic benchmarks for PyTorch and TensorFlow 2.
     mpirun -np 2 python scripts/synthetic_benchmark.py --framework tensorflow --model resnet50 ...
     mpirun -np 2 python scripts/synthetic_benchmark.py --ddp ...     # PyTorch DDP on gloo instead
     python scripts/synthetic_benchmark.py --no-cuda ...               # one process: the plain loop
+    python scripts/synthetic_benchmark.py --plain --amp --batch-size 64  # one GPU, no hvdtrain at all
+    HVDTRAIN_REDUCE_ALONE=1 python scripts/synthetic_benchmark.py --amp --batch-size 64  # the engine, one GPU
 
 PyTorch trains a torchvision model through hvdtrain.torch's DistributedOptimizer; TensorFlow
 trains the Keras application of the same name (resnet50: ResNet50, inception_v3: InceptionV3)
@@ -12,7 +14,11 @@ with hvdtrain.tensorflow's DistributedGradientTape in a tf.function, as Horovod'
 tensorflow2_synthetic_benchmark.py does. Both use SGD with LR 0.01 and are timed alike: on a GPU,
 a step returns once its work is queued, so the device is synchronised before every clock reading.
 --ddp runs the PyTorch loop with torch.nn.parallel.DistributedDataParallel (gloo backend), its
-ranks and rendezvous taken from mpirun's environment, for a side-by-side figure.
+ranks and rendezvous taken from mpirun's environment, for a side-by-side figure. --plain runs the
+loop without hvdtrain at all. --amp trains under fp16 autocast with a GradScaler, in Horovod's
+pattern (synchronize, unscale, step with skip_synchronize). In a job of one rank the
+DistributedOptimizer reduces nothing, as Horovod's; HVDTRAIN_REDUCE_ALONE=1 makes it reduce
+through the engine anyway (NCCL on one GPU), which is how its cost on a GPU is measured.
 """
 
 import argparse
@@ -42,9 +48,12 @@ def parse_args():
     parser.add_argument("--no-cuda", action="store_true", default=False, help="disable CUDA")
     parser.add_argument("--ddp", action="store_true", default=False,
                         help="use torch DistributedDataParallel (gloo) instead of hvdtrain")
+    parser.add_argument("--plain", action="store_true", default=False, help="a plain PyTorch loop, no hvdtrain")
+    parser.add_argument("--amp", action="store_true", default=False,
+                        help="fp16 autocast with a GradScaler (PyTorch on a GPU)")
     args = parser.parse_args()
-    if args.ddp and args.framework != "torch":
-        parser.error("--ddp is PyTorch's DistributedDataParallel: it goes with --framework torch")
+    if (args.ddp or args.plain or args.amp) and args.framework != "torch":
+        parser.error("--ddp, --plain and --amp are options of the PyTorch loop: they go with --framework torch")
     args.image_size = 299 if args.model == "inception_v3" else 224
     return args
 
@@ -85,7 +94,14 @@ def torch_job(args):
     if cuda:
         model.cuda()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    rank, size, model, optimizer = (_distributed_data_parallel if args.ddp else _hvdtrain_torch)(model, optimizer, args)
+    if args.plain:
+        rank, size = 0, 1
+    else:
+        distribute = _distributed_data_parallel if args.ddp else _hvdtrain_torch
+        rank, size, model, optimizer = distribute(model, optimizer, args)
+    amp = args.amp and cuda
+    scaler = torch.amp.GradScaler("cuda", enabled=amp)
+    synchronizes = hasattr(optimizer, "skip_synchronize")
 
     data = torch.randn(args.batch_size, 3, args.image_size, args.image_size)
     target = torch.randint(0, NUM_CLASSES, (args.batch_size,))
@@ -94,11 +110,20 @@ def torch_job(args):
 
     def step():
         optimizer.zero_grad()
-        output = model(data)
-        if isinstance(output, tuple) or hasattr(output, "logits"):  # inception's auxiliary output
-            output = output[0]
-        F.cross_entropy(output, target).backward()
-        optimizer.step()
+        with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
+            output = model(data)
+            if isinstance(output, tuple) or hasattr(output, "logits"):  # inception's auxiliary output
+                output = output[0]
+            loss = F.cross_entropy(output, target)
+        scaler.scale(loss).backward()
+        if synchronizes:  # Horovod's AMP pattern: unscale the averaged gradients
+            optimizer.synchronize()
+            scaler.unscale_(optimizer)
+            with optimizer.skip_synchronize():
+                scaler.step(optimizer)
+        else:
+            scaler.step(optimizer)
+        scaler.update()
 
     return Job(rank, size, "GPU" if cuda else "CPU", step, torch.cuda.synchronize if cuda else _nothing_to_wait_for)
 

@@ -32,6 +32,24 @@ def run_ranks(num_proc, function, *args, timeout=120, env=None, expect_success=T
     return result
 
 
+def run_alone(function, *args, timeout=60, env=None):
+    """Run `function` as a plain `python script.py` process, without mpirun: a job of size 1."""
+    command = [sys.executable, "-u", str(TESTS / "rank_main.py"), function.__code__.co_filename, function.__name__,
+               *map(str, args)]
+    try:
+        result = launcher.run(command, env={**os.environ, **(env or {})}, timeout=timeout, capture=True)
+    except subprocess.TimeoutExpired as expired:
+        pytest.fail(f"{function.__name__} alone did not finish in {timeout} s:\n{expired.output}")
+    if result.returncode != 0:
+        pytest.fail(f"{function.__name__} alone failed (exit {result.returncode}):\n{result.stdout}")
+    return result
+
+
 @pytest.fixture
 def mpirun():
     return run_ranks
+
+
+@pytest.fixture
+def alone():
+    return run_alone

@@ -1,4 +1,5 @@
-"""hvdtrain's communication core: framework-agnostic collectives on NumPy buffers.
+"""hvdtrain's communication core: framework-agnostic collectives on NumPy buffers in host
+memory and CuPy buffers in device memory.
 
     from hvdtrain import core
     core.init()                                   # under mpirun, or alone as a job of size 1
@@ -8,7 +9,10 @@
 Every collective is named, asynchronous and returns a Handle (`poll()`, `wait()`); one
 background thread negotiates and runs them (engine.py). The framework adapters
 (hvdtrain.torch, hvdtrain.tensorflow, hvdtrain.keras) turn their tensors into arrays and
-call these functions; this package imports neither framework.
+call these functions; this package imports neither framework, and CuPy only when a device
+buffer comes (cuda.py). A device collective takes `stream=`, the caller's CUDA stream
+(default: CuPy's current one): it is ordered after what that stream had enqueued, and wait()
+orders that stream after the collective, without blocking the host.
 """
 
 import atexit
@@ -18,6 +22,7 @@ import threading
 
 import numpy as np
 
+from . import cuda as _cuda
 from . import process_sets as _process_sets
 from .exceptions import HorovodInternalError, HostsUpdatedInterrupt, TensorMismatchError
 from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
@@ -64,6 +69,7 @@ def init(comm=None, process_sets=None):
             _engine = None
         settings = from_environment()
         _configure_logging(settings.log_level)
+        _cuda.check_libraries()
         MPI = _start_mpi()
         from .engine import Engine
 
@@ -198,61 +204,72 @@ def mpi_threads_supported():
 
 
 def allreduce_async(array, name=None, op=ReduceOp.AVERAGE, prescale_factor=1.0, postscale_factor=1.0,
-                    output=None, bucket=None, process_set=None) -> Handle:
+                    output=None, bucket=None, process_set=None, stream=None) -> Handle:
     """Reduce `array` across ranks into `output` (default: into `array` itself).
 
     `bucket=(bucket_name, flat_array)` says that `array` is a view of `flat_array`, which holds
     other tensors too (a model's gradients, say) laid out alike on every rank; tensors that lie
     next to each other in a bucket are reduced as one region, without copies."""
     return running_engine(process_set).submit(ALLREDUCE, array, name=name, output=output, op=op,
-                                   prescale=prescale_factor, postscale=postscale_factor, bucket=bucket)
+                                              prescale=prescale_factor, postscale=postscale_factor, bucket=bucket,
+                                              stream=stream)
 
 
 def grouped_allreduce_async(arrays, name=None, op=ReduceOp.AVERAGE, prescale_factor=1.0,
-                            postscale_factor=1.0, outputs=None, process_set=None):
+                            postscale_factor=1.0, outputs=None, process_set=None, stream=None):
     """Reduce a list of arrays as one group: negotiated together and fused where possible."""
     return running_engine(process_set).submit_group(Kind.ALLREDUCE, arrays, name=name, outputs=outputs, op=op,
-                                 prescale=prescale_factor, postscale=postscale_factor)
+                                                    prescale=prescale_factor, postscale=postscale_factor,
+                                                    stream=stream)
 
 
-def allgather_async(array, name=None, process_set=None) -> Handle:
+# `allocate(shape, dtype)`: for device buffers, makes an output whose size only the collective
+# tells (the framework's allocator, so that its memory is the framework's own); default: CuPy.
+# The grouped forms take one per array.
+
+
+def allgather_async(array, name=None, process_set=None, stream=None, allocate=None) -> Handle:
     """Concatenate every rank's `array` along the first dimension, which may differ per rank."""
-    return running_engine(process_set).submit(Kind.ALLGATHER, array, name=name)
+    return running_engine(process_set).submit(Kind.ALLGATHER, array, name=name, stream=stream, allocate=allocate)
 
 
-def grouped_allgather_async(arrays, name=None, process_set=None):
+def grouped_allgather_async(arrays, name=None, process_set=None, stream=None, allocate=None):
     """Allgather a list of arrays as one group, negotiated together."""
-    return running_engine(process_set).submit_group(Kind.ALLGATHER, arrays, name=name)
+    return running_engine(process_set).submit_group(Kind.ALLGATHER, arrays, name=name, stream=stream,
+                                                    allocate=allocate)
 
 
-def broadcast_async(array, root_rank, name=None, output=None, process_set=None) -> Handle:
+def broadcast_async(array, root_rank, name=None, output=None, process_set=None, stream=None) -> Handle:
     """Copy `root_rank`'s `array` into `output` (default: `array` itself) on every rank."""
-    return running_engine(process_set).submit(Kind.BROADCAST, array, name=name, output=output, root=root_rank)
+    return running_engine(process_set).submit(Kind.BROADCAST, array, name=name, output=output, root=root_rank,
+                                              stream=stream)
 
 
-def alltoall_async(array, splits=None, name=None, process_set=None) -> Handle:
+def alltoall_async(array, splits=None, name=None, process_set=None, stream=None, allocate=None) -> Handle:
     """Send `splits[i]` rows of `array` to the i-th rank (of the process set), in order; the
     handle gives (received rows, received splits). Without splits, rows are divided evenly."""
     engine = running_engine(process_set)
     n = engine.size
-    if splits is None and isinstance(array, np.ndarray) and array.ndim and array.shape[0] % n == 0:
+    if splits is None and getattr(array, "ndim", 0) and array.shape[0] % n == 0:
         splits = [array.shape[0] // n] * n  # otherwise the engine refuses the missing splits
-    return engine.submit(Kind.ALLTOALL, array, name=name, splits=splits)
+    return engine.submit(Kind.ALLTOALL, array, name=name, splits=splits, stream=stream, allocate=allocate)
 
 
 def reducescatter_async(array, name=None, op=ReduceOp.AVERAGE, prescale_factor=1.0,
-                        postscale_factor=1.0, process_set=None) -> Handle:
+                        postscale_factor=1.0, process_set=None, stream=None, allocate=None) -> Handle:
     """Reduce `array` across ranks and give each rank its share of the first dimension
     (the first `dim % size` ranks get one extra row)."""
     return running_engine(process_set).submit(Kind.REDUCESCATTER, array, name=name, op=op,
-                                              prescale=prescale_factor, postscale=postscale_factor)
+                                              prescale=prescale_factor, postscale=postscale_factor, stream=stream,
+                                              allocate=allocate)
 
 
 def grouped_reducescatter_async(arrays, name=None, op=ReduceOp.AVERAGE, prescale_factor=1.0,
-                                postscale_factor=1.0, process_set=None):
+                                postscale_factor=1.0, process_set=None, stream=None, allocate=None):
     """Reducescatter a list of arrays as one group, negotiated together."""
     return running_engine(process_set).submit_group(Kind.REDUCESCATTER, arrays, name=name, op=op,
-                                                    prescale=prescale_factor, postscale=postscale_factor)
+                                                    prescale=prescale_factor, postscale=postscale_factor,
+                                                    stream=stream, allocate=allocate)
 
 
 def barrier(process_set=None):

@@ -6,7 +6,9 @@ refused on the caller's thread (submission.py). Every cycle (HOROVOD_CYCLE_TIME)
 2. agrees with the other ranks which tensors are ready everywhere (negotiation.py): one
    bitwise-AND allreduce for tensors seen before, a coordinator round for anything else;
 3. runs the agreed collectives in one order on every rank, fusing allreduces (fusion.py)
-   and handing the bytes to the backend of the buffers' device (mpi_backend.py).
+   and handing the bytes to the backend of the buffers' device and the operation (backend.py):
+   MPI for host memory; for device memory NCCL, or MPI through pinned host memory, as
+   HOROVOD_GPU_OPERATIONS and HOROVOD_GPU_<OPERATION> choose.
 """
 
 import collections
@@ -59,7 +61,9 @@ class Engine:
         self.members = tuple(range(self.size)) if members is None else members
         self._position = {job_rank: rank for rank, job_rank in enumerate(self.members)}  # a broadcast's root
         self._job_rank = self.members[self.rank]
-        self._backends = {"cpu": MpiBackend(self._world, settings)}
+        self._host_backend = MpiBackend(self._world, settings)
+        self._device_backends = {}  # "NCCL" or "MPI" -> a backend for device buffers, made at first use
+        self._device_checked_at = 0.0
         self._cache = ResponseCache(settings.cache_capacity)
         self._coordinator = Coordinator(self.members, settings) if self.rank == 0 else None
         self._timeline = None
@@ -67,7 +71,7 @@ class Engine:
             self.start_timeline(settings.timeline_path, settings.timeline_mark_cycles)
 
         # Submitting threads check and describe their collectives themselves (submission.py).
-        submissions = Submissions(self.size, self.members, is_world=members is None)
+        self._submissions = submissions = Submissions(self.size, self.members, settings, is_world=members is None)
         self.auto_name, self._prepare = submissions.auto_name, submissions.prepare
         self._lock = threading.Lock()
         self._submitted = collections.deque()
@@ -87,29 +91,33 @@ class Engine:
     # ---------------------------------------------------------------- submission (any thread)
 
     def submit(self, kind, array=None, *, name=None, output=None, op=ReduceOp.SUM, prescale=1.0,
-               postscale=1.0, root=0, splits=None, bucket=None) -> Handle:
-        """Queue one collective on host (NumPy) buffers. `output` None means: the engine
-        allocates the result (allgather, alltoall, reducescatter) or writes into `array`
-        (allreduce, broadcast). `output is array` is an in-place operation."""
+               postscale=1.0, root=0, splits=None, bucket=None, stream=None, allocate=None) -> Handle:
+        """Queue one collective on host (NumPy) or device (CuPy) buffers. `output` None means:
+        the engine allocates the result (allgather, alltoall, reducescatter) or writes into
+        `array` (allreduce, broadcast). `output is array` is an in-place operation. Device
+        buffers only: `stream`, the caller's CUDA stream (default: CuPy's current one), and
+        `allocate(shape, dtype)`, which makes an output the engine cannot size in advance."""
         if name is None:
             name = self.auto_name(kind)
         try:
-            entry = self._prepare(kind, array, name, output, op, prescale, postscale, root, splits, bucket)
+            entry = self._prepare(kind, array, name, output, op, prescale, postscale, root, splits, bucket, stream,
+                                  allocate)
         except REFUSALS as refusal:
             self._announce_refusal(kind, [name], refusal)
             raise
         self._enqueue([entry])
         return entry.handle
 
-    def submit_group(self, kind, arrays, *, name=None, outputs=None, **options):
+    def submit_group(self, kind, arrays, *, name=None, outputs=None, allocate=None, **options):
         """Queue several collectives at once, so that they are negotiated in one cycle and
-        fused together where their dtypes allow."""
+        fused together where their dtypes allow. `outputs` and `allocate`: one per array."""
         base = self.auto_name(kind) if name is None else name
         names = [f"{base}_{i}" for i in range(len(arrays))]
         outputs = [None] * len(arrays) if outputs is None else outputs
+        allocate = [None] * len(arrays) if allocate is None else allocate
         try:
-            entries = [self._prepare(kind, array, entry_name, output, **options)
-                       for entry_name, array, output in zip(names, arrays, outputs)]
+            entries = [self._prepare(kind, array, entry_name, output, allocate=member_allocate, **options)
+                       for entry_name, array, output, member_allocate in zip(names, arrays, outputs, allocate)]
         except REFUSALS as refusal:
             self._announce_refusal(kind, names, refusal)  # a group is refused whole
             raise
@@ -183,6 +191,9 @@ class Engine:
         if threading.current_thread() is not self._thread:
             self._thread.join()
         self.stop_timeline()
+        for backend in self._device_backends.values():
+            backend.close()
+        self._device_backends.clear()
 
     @property
     def alive(self):
@@ -236,6 +247,8 @@ class Engine:
                         if remaining > 0:
                             time.sleep(remaining)
                 self._wake.clear()
+        except _DeviceFailure:  # the engine has stopped with the device's error; peers see theirs
+            return
         except Exception as exc:  # a bug or a transport failure: never leave peers hanging
             message = f"hvdtrain engine failed on rank {self._job_rank}: {exc!r}"
             self._stop(message)
@@ -250,6 +263,8 @@ class Engine:
         timeline = self._timeline
         if timeline is not None:
             timeline.cycle_start(time.perf_counter())
+        if self._device_backends:
+            self._check_device_work()
         submitted, pending = self._submitted, self._pending
         while submitted:
             entry = submitted.popleft()
@@ -346,6 +361,8 @@ class Engine:
         while not request.Test():
             time.sleep(delay)
             delay = min(delay * 2, 1e-4 if time.perf_counter() < poll_often_until else 5e-4)
+            if self._device_backends:  # a peer whose NCCL failed may never come
+                self._check_device_work()
         ready = int.from_bytes(vector[:words].tobytes(), "little") if words else 0
         return ready, ~int(vector[words]) & _FLAG_MASK
 
@@ -390,11 +407,11 @@ class Engine:
             size = request.nbytes
             batch, nbytes = open_batches.get(key, ([], 0))
             if batch and (threshold == 0 or nbytes + size > threshold):
-                steps.append(_Batch.of(batch, self.size))
+                steps.append(_Batch.of(batch))
                 batch, nbytes = [], 0
             batch.append(response)
             open_batches[key] = (batch, nbytes + size)
-        steps.extend(_Batch.of(batch, self.size) for batch, _ in open_batches.values() if batch)
+        steps.extend(_Batch.of(batch) for batch, _ in open_batches.values() if batch)
         return steps
 
     def _run_plan(self, plan, ready_at):
@@ -408,6 +425,37 @@ class Engine:
             else:
                 self._run_single(step, ready_at)
 
+    def _backend(self, device, kind):
+        """The backend for buffers on `device` ("cpu" or "cuda") and an operation of `kind`.
+        A device backend is made when a step first needs it, at the same step of the same plan
+        on every rank, since making one is itself collective (NCCL's communicator)."""
+        if device == "cpu":
+            return self._host_backend
+        transport = self.settings.gpu_operations[kind.value]
+        backend = self._device_backends.get(transport)
+        if backend is None:
+            from .nccl_backend import NcclBackend
+            from .staged_backend import HostStagedBackend
+
+            make = NcclBackend if transport == "NCCL" else HostStagedBackend
+            backend = make(self._world, self.settings, lambda: self._submissions.device_for(self.topology))
+            self._device_backends[transport] = backend
+        return backend
+
+    def _check_device_work(self):
+        """Fail everything with the error of a device backend whose work failed on the device
+        (NCCL's asynchronous errors: a peer gone, a network failure)."""
+        now = time.perf_counter()
+        if now - self._device_checked_at < 0.1:
+            return
+        self._device_checked_at = now
+        try:
+            for backend in self._device_backends.values():
+                backend.check()
+        except HorovodInternalError as error:
+            self._stop(str(error))
+            raise _DeviceFailure() from error
+
     def _local_entry(self, response):
         entry = self._pending.get(response.name)
         if entry is None and self._join_entry is None:
@@ -420,13 +468,19 @@ class Engine:
         one too, which reduces zeros) makes the same transport calls."""
         responses, groups = batch.responses, batch.regions
         entries = [self._local_entry(response) for response in responses]
+        try:
+            backend = self._backend(batch.device, ALLREDUCE)
+        except HorovodInternalError as error:  # agreed by every rank (nccl_backend.agree_to_start)
+            self._finish_all([entry for entry in entries if entry is not None], error=error)
+            return
+        backend.start([entry for entry in entries if entry is not None])
         sources, destinations = [], []
         for group in groups:
             first, last = responses[group[0]].request, responses[group[-1]].request
             entry = entries[group[0]]
             if entry is None:  # this rank has joined: it contributes zeros
                 elements = sum(math.prod(responses[i].request.shape) for i in group)
-                zeros = np.zeros(elements, numpy_dtype(first.dtype))
+                zeros = backend.zeros(elements, numpy_dtype(first.dtype))
                 sources.append(zeros)
                 destinations.append(zeros)
             elif first.bucket:
@@ -448,42 +502,48 @@ class Engine:
                         if entries[i] is not None:
                             timeline.span(ALLREDUCE, entries[i].name, phase, start, end)
 
-        self._backends[batch.device].allreduce(sources, destinations, batch.op, batch.prescale, batch.postscale,
-                                               record)
-        finished = time.perf_counter()
+        backend.allreduce(sources, destinations, batch.op, batch.prescale, batch.postscale, record)
         entries = [entry for entry in entries if entry is not None]
+        done = backend.finish(entries)
+        finished = time.perf_counter()
         if timeline is not None:
             for entry in entries:
                 self._record_lifetime(timeline, entry, ALLREDUCE, ready_at, started, finished)
             timeline.flush()
-        self._finish_all(entries)
+        self._finish_all(entries, done)
 
     def _run_single(self, response, ready_at):
         entry = self._local_entry(response)
         if entry is None:
             return
         request = response.request
-        backend = self._backends[request.device]
         started = time.perf_counter()
-        if request.kind == Kind.ALLGATHER:
-            result = backend.allgather(entry.array, response.first_dims)
-        elif request.kind == Kind.BROADCAST:
-            backend.broadcast(entry.array, entry.output, self._position[request.root])
-            result = entry.output
-        elif request.kind == Kind.ALLTOALL:
-            result = backend.alltoall(entry.array, entry.splits)
-        elif request.kind == Kind.REDUCESCATTER:
-            postscale = request.postscale / self.size if request.op == ReduceOp.AVERAGE else request.postscale
-            result = backend.reducescatter(entry.array, request.op, request.prescale, postscale)
-        else:  # a barrier: agreeing that every rank reached it was the whole work
-            result = None
+        if request.kind == Kind.BARRIER:  # agreeing that every rank reached it was the whole work
+            result, done, transport = None, None, "MPI"
+        else:
+            try:
+                backend = self._backend(request.device, request.kind)
+            except HorovodInternalError as error:  # agreed by every rank (nccl_backend.agree_to_start)
+                self._finish(entry, error=error)
+                return
+            backend.start((entry,))
+            if request.kind == Kind.ALLGATHER:
+                result = backend.allgather(entry, response.first_dims)
+            elif request.kind == Kind.BROADCAST:
+                backend.broadcast(entry, self._position[request.root])
+                result = entry.output
+            elif request.kind == Kind.ALLTOALL:
+                result = backend.alltoall(entry)
+            else:
+                result = backend.reducescatter(entry, request.op, request.prescale, request.postscale)
+            done, transport = backend.finish((entry,)), backend.transport
         finished = time.perf_counter()
         timeline = self._timeline
         if timeline is not None:
-            timeline.span(request.kind, entry.name, f"MPI_{request.kind.value.upper()}", started, finished)
+            timeline.span(request.kind, entry.name, f"{transport}_{request.kind.value.upper()}", started, finished)
             self._record_lifetime(timeline, entry, request.kind, ready_at, started, finished)
             timeline.flush()
-        self._finish(entry, result)
+        self._finish(entry, result, done=done)
 
     @staticmethod
     def _record_lifetime(timeline, entry, kind, ready_at, started, finished):
@@ -492,13 +552,13 @@ class Engine:
         timeline.span(kind, name, operation, ready_at, finished)
         timeline.span(kind, name, "QUEUE", ready_at, started)
 
-    def _finish(self, entry, result=None, error=None):
+    def _finish(self, entry, result=None, error=None, done=None):
         self._pending.pop(entry.name, None)
         with self._lock:
             self._in_flight.discard(entry.name)
-        entry.handle._finish(result, error)
+        entry.handle._finish(result, error, done)
 
-    def _finish_all(self, entries):
+    def _finish_all(self, entries, done=None, error=None):
         """Finish allreduces (their result is their output), taking the lock once."""
         pending = self._pending
         for entry in entries:
@@ -506,7 +566,7 @@ class Engine:
         with self._lock:
             self._in_flight.difference_update(entry.request.name for entry in entries)
         for entry in entries:
-            entry.handle._finish(entry.output)
+            entry.handle._finish(None if error else entry.output, error, done)
 
     def _fail_response(self, response):
         entry = self._pending.get(response.name)
@@ -552,6 +612,10 @@ def _regions(requests):
     return regions
 
 
+class _DeviceFailure(Exception):
+    """Ends the engine's thread after a device backend's failure has stopped the engine."""
+
+
 @dataclass(frozen=True)
 class _Batch:
     """Allreduces fused into one run: same dtype, op, scale factors and device."""
@@ -560,12 +624,11 @@ class _Batch:
     regions: tuple  # groups of positions in `responses` reduced as one memory region
     op: ReduceOp
     prescale: float
-    postscale: float  # with Average's 1/size folded in
+    postscale: float
     device: str
 
     @classmethod
-    def of(cls, responses, size):
+    def of(cls, responses):
         request = responses[0].request
-        postscale = request.postscale / size if request.op == ReduceOp.AVERAGE else request.postscale
         regions = tuple(tuple(group) for group in _regions([r.request for r in responses]))
-        return cls(tuple(responses), regions, request.op, request.prescale, postscale, request.device)
+        return cls(tuple(responses), regions, request.op, request.prescale, request.postscale, request.device)

@@ -25,6 +25,7 @@ from . import (
     start_timeline,
     stop_timeline,
 )
+from . import cuda as _cuda
 from .requests import ReduceOp
 
 # What `from hvdtrain.core.horovod_api import *` gives an adapter package to re-export.
@@ -44,7 +45,8 @@ Max = ReduceOp.MAX
 Product = ReduceOp.PRODUCT
 
 
-# What this build has, in Horovod's terms: MPI on the CPU, nothing else yet.
+# What this install has, in Horovod's terms: MPI always; CUDA and NCCL where CuPy and its NCCL
+# load (the `gpu` extra), as Horovod's when it was built with them.
 def mpi_built():
     return True
 
@@ -54,14 +56,19 @@ def mpi_enabled():
 
 
 def nccl_built():
-    return 0
+    """NCCL's version code (e.g. 23007), or 0; true where CuPy loads NCCL."""
+    return _cuda.nccl_built()
+
+
+def cuda_built():
+    return _cuda.cuda_built()
 
 
 def gloo_built():
     return False
 
 
-gloo_enabled = ddl_built = ccl_built = cuda_built = rocm_built = gloo_built
+gloo_enabled = ddl_built = ccl_built = rocm_built = gloo_built
 
 
 def handle_average_backwards_compatibility(op, average):

@@ -1,8 +1,5 @@
-"""Collectives on NumPy buffers in host memory, through MPI.
-
-This is one of the engine's backends: the engine decides *what* runs and in which order;
-a backend moves the bytes. A CUDA backend (NCCL through CuPy) takes the same calls for
-device buffers.
+"""Collectives on NumPy buffers in host memory, through MPI: the engine's backend for the CPU
+(backend.py), and the transport of the host-staged GPU path (staged_backend.py).
 """
 
 import time
@@ -35,7 +32,7 @@ def _byte_view(array):
 
 
 class MpiBackend:
-    device = "cpu"
+    transport = "MPI"  # the timeline's name for its calls
 
     def __init__(self, comm, settings):
         from mpi4py import MPI
@@ -103,10 +100,28 @@ class MpiBackend:
             self._fusion_buffer = np.empty(max(nbytes, pack_capacity_bytes(self.settings)), np.uint8)
         return self._fusion_buffer[:nbytes].view(dtype)
 
+    # Host buffers are ready when submitted and done when a call returns.
+    def start(self, entries):
+        pass
+
+    def finish(self, entries):
+        return None
+
+    def check(self):
+        pass
+
+    def close(self):
+        pass
+
+    def zeros(self, elements, dtype):
+        return np.zeros(elements, dtype)
+
     def allreduce(self, sources, destinations, op, prescale, postscale, record=None):
         """Reduce flat arrays `sources[i]` into `destinations[i]` (the same array when in place).
         `record(phase, start, end, indices)` receives timings for the timeline."""
         settings = self.settings
+        if op == ReduceOp.AVERAGE:
+            postscale /= self.comm.Get_size()
         dtype = destinations[0].dtype
         plan = plan_allreduce(tuple(d.size for d in destinations), dtype.itemsize, settings.chunk_bytes,
                               settings.pack_below_bytes, pack_capacity_bytes(settings))
@@ -155,7 +170,21 @@ class MpiBackend:
             record("MPI_ALLREDUCE", t1, t2, pack.indices)
             record("MEMCPY_OUT_FUSION_BUFFER", t2, t3, pack.indices)
 
-    def allgather(self, source, first_dims):
+    def allgather(self, entry, first_dims):
+        return self.gather_rows(entry.array, first_dims)
+
+    def broadcast(self, entry, root):
+        self.broadcast_bytes(entry.array, entry.output, root)
+
+    def alltoall(self, entry):
+        return self.exchange_rows(entry.array, entry.splits)
+
+    def reducescatter(self, entry, op, prescale, postscale):
+        return self.reduce_rows(entry.array, op, prescale, postscale)
+
+    # The same on host arrays, for the host-staged GPU path too.
+
+    def gather_rows(self, source, first_dims):
         MPI = self._MPI
         row_shape = source.shape[1:]
         row_bytes = int(np.prod(row_shape, dtype=np.int64)) * source.dtype.itemsize
@@ -166,7 +195,7 @@ class MpiBackend:
                              [_byte_view(output), counts, displacements, MPI.BYTE])
         return output
 
-    def broadcast(self, source, destination, root):
+    def broadcast_bytes(self, source, destination, root):
         if self.comm.Get_rank() == root and source is not destination:
             destination[...] = source
         data = _byte_view(destination)
@@ -174,7 +203,7 @@ class MpiBackend:
         for start in range(0, max(data.size, 1), chunk):
             self.comm.Bcast([data[start:start + chunk], self._MPI.BYTE], root=root)
 
-    def alltoall(self, source, splits):
+    def exchange_rows(self, source, splits):
         MPI = self._MPI
         size = self.comm.Get_size()
         received_splits = np.empty(size, np.int64)
@@ -190,8 +219,10 @@ class MpiBackend:
                             [_byte_view(output), receive_counts, receive_displacements, MPI.BYTE])
         return output, received_splits
 
-    def reducescatter(self, source, op, prescale, postscale):
+    def reduce_rows(self, source, op, prescale, postscale):
         size, rank = self.comm.Get_size(), self.comm.Get_rank()
+        if op == ReduceOp.AVERAGE:
+            postscale /= size
         rows = reducescatter_rows(source.shape[0], size)
         row_elements = int(np.prod(source.shape[1:], dtype=np.int64))
         output = np.empty((rows[rank],) + source.shape[1:], source.dtype)

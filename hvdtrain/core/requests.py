@@ -98,9 +98,11 @@ def numpy_dtype(name):
 
 class Handle:
     """The future of one collective: `poll()` says whether it finished, `wait()` returns its
-    result or raises its error."""
+    result or raises its error. On a device, finished means enqueued on the engine's stream:
+    `done` is then the CUDA event that marks its completion, which wait() makes the caller's
+    stream wait for."""
 
-    __slots__ = ("name", "_done", "_result", "_error", "_waiter")
+    __slots__ = ("name", "_done", "_result", "_error", "_waiter", "done")
 
     def __init__(self, name):
         # No lock yet: one is made only when a caller blocks. Training submits hundreds of
@@ -110,11 +112,15 @@ class Handle:
         self._result = None
         self._error = None
         self._waiter = None
+        self.done = None
 
     def poll(self):
         return self._done
 
-    def wait(self):
+    def wait(self, stream=None):
+        """The result, once the collective has finished; for a device result, after making
+        `stream` wait for it: a cudaStream_t as an int, or a function of the device id that
+        gives one (default: CuPy's current stream)."""
         if not self._done:
             with _WAITER_CREATION:
                 waiter = self._waiter
@@ -128,13 +134,21 @@ class Handle:
                 waiter.release()  # for any other thread waiting on the same handle
         if self._error is not None:
             raise self._error
+        if self.done is not None:
+            from . import cuda
+
+            device = self.done.device
+            if stream is None:
+                stream = cuda.current_stream(device)
+            self.done.wait_on(stream(device) if callable(stream) else stream)
         return self._result
 
     synchronize = wait
 
-    def _finish(self, result=None, error=None):
+    def _finish(self, result=None, error=None, done=None):
         self._result = result
         self._error = error
+        self.done = done
         self._done = True
         waiter = self._waiter
         if waiter is not None:
@@ -147,9 +161,11 @@ _WAITER_CREATION = threading.Lock()
 class Entry:
     """A collective submitted on this rank and not yet finished."""
 
-    __slots__ = ("request", "handle", "array", "output", "splits", "bucket", "submitted_at", "sent_to_coordinator")
+    __slots__ = ("request", "handle", "array", "output", "splits", "bucket", "submitted_at", "sent_to_coordinator",
+                 "stream", "ready", "allocate")
 
-    def __init__(self, request, handle, array=None, output=None, splits=None, bucket=None):
+    def __init__(self, request, handle, array=None, output=None, splits=None, bucket=None, stream=None, ready=None,
+                 allocate=None):
         self.request = request
         self.handle = handle
         self.array = array  # input (C-contiguous)
@@ -158,6 +174,11 @@ class Entry:
         self.bucket = bucket  # the flat array named by request.bucket, if any
         self.submitted_at = time.perf_counter()
         self.sent_to_coordinator = False
+        # Device buffers only: the caller's CUDA stream, the event recorded on it at submission
+        # (the engine's stream waits for it), and how to allocate an output (default: CuPy).
+        self.stream = stream
+        self.ready = ready
+        self.allocate = allocate
 
     @property
     def name(self):

@@ -3,8 +3,8 @@
 import difflib
 import logging
 import os
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, field
+from typing import Dict, Optional
 
 MIB = 1024 * 1024
 
@@ -37,6 +37,12 @@ class Settings:
     # fusion buffer; smaller ones are packed together.
     pack_below_bytes: int = 64 * 1024
     dynamic_process_sets: bool = False
+    # How each operation moves device buffers: "NCCL", or "MPI" through pinned host memory.
+    gpu_operations: Dict[str, str] = field(default_factory=lambda: dict.fromkeys(GPU_OPERATIONS, "NCCL"))
+
+
+GPU_OPERATIONS = ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter")
+GPU_TRANSPORTS = ("NCCL", "MPI")
 
 
 # Horovod 0.28's variables that hvdtrain reads (the others of HVDTRAIN_* are its own).
@@ -44,6 +50,8 @@ IMPLEMENTED_VARIABLES = frozenset((
     "HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME", "HOROVOD_CACHE_CAPACITY", "HOROVOD_TIMELINE",
     "HOROVOD_TIMELINE_MARK_CYCLES", "HOROVOD_STALL_CHECK_DISABLE", "HOROVOD_STALL_CHECK_TIME_SECONDS",
     "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "HOROVOD_LOG_LEVEL", "HOROVOD_DYNAMIC_PROCESS_SETS",
+    "HOROVOD_GPU_OPERATIONS", "HOROVOD_GPU_ALLREDUCE", "HOROVOD_GPU_ALLGATHER", "HOROVOD_GPU_BROADCAST",
+    "HOROVOD_GPU_ALLTOALL", "HOROVOD_GPU_REDUCESCATTER",
 ))
 # Horovod 0.28's variables (its runtime knobs, those horovodrun sets for Gloo, and those that
 # choose what `pip install horovod` builds) that hvdtrain does not act on.
@@ -52,8 +60,7 @@ UNIMPLEMENTED_VARIABLES = frozenset((
     "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES",
     "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", "HOROVOD_HIERARCHICAL_ALLREDUCE", "HOROVOD_HIERARCHICAL_ALLGATHER",
     "HOROVOD_TORUS_ALLREDUCE", "HOROVOD_BATCH_D2D_MEMCOPIES", "HOROVOD_NUM_NCCL_STREAMS", "HOROVOD_CPU_OPERATIONS",
-    "HOROVOD_GPU_OPERATIONS", "HOROVOD_GPU_ALLREDUCE", "HOROVOD_GPU_ALLGATHER", "HOROVOD_GPU_BROADCAST",
-    "HOROVOD_GPU_ALLTOALL", "HOROVOD_GPU_REDUCESCATTER", "HOROVOD_GPU", "HOROVOD_CONTROLLER",
+    "HOROVOD_GPU", "HOROVOD_CONTROLLER",
     "HOROVOD_CCL_CACHE", "HOROVOD_CCL_BGT_AFFINITY", "HOROVOD_ADASUM_MPI_CHUNK_SIZE", "HOROVOD_ADASUM_GPU",
     "HOROVOD_MPI_THREADS_DISABLE", "HOROVOD_ELASTIC", "HOROVOD_THREAD_AFFINITY", "HOROVOD_DISABLE_GROUP_FUSION",
     "HOROVOD_DISABLE_NVTX_RANGES", "HOROVOD_ENABLE_ASYNC_COMPLETION", "HOROVOD_ENABLE_XLA_OPS",
@@ -101,6 +108,22 @@ def _number(env, name, default, cast):
     return value
 
 
+def _transport(env, name, default):
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    if raw.upper() not in GPU_TRANSPORTS:
+        raise ValueError(f"environment variable {name}={raw!r} is not one of {', '.join(GPU_TRANSPORTS)}")
+    return raw.upper()
+
+
+def gpu_operations(env):
+    """The transport of device buffers for each operation: HOROVOD_GPU_OPERATIONS for all,
+    HOROVOD_GPU_<OPERATION> for one (NCCL by default)."""
+    everything = _transport(env, "HOROVOD_GPU_OPERATIONS", "NCCL")
+    return {op: _transport(env, f"HOROVOD_GPU_{op.upper()}", everything) for op in GPU_OPERATIONS}
+
+
 def _flag(env, name):
     return env.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
@@ -135,4 +158,5 @@ def from_environment(env=None) -> Settings:
         chunk_bytes=chunk_bytes,
         pack_below_bytes=_number(env, "HVDTRAIN_PACK_BELOW_BYTES", Settings.pack_below_bytes, int),
         dynamic_process_sets=_flag(env, "HOROVOD_DYNAMIC_PROCESS_SETS"),
+        gpu_operations=gpu_operations(env),
     )

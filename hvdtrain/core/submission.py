@@ -10,7 +10,9 @@ import weakref
 
 import numpy as np
 
+from . import cuda
 from .mpi_backend import REDUCIBLE_DTYPES
+from .nccl_backend import NCCL_TYPES
 from .negotiation import AUTO_NAME_MARK
 from .requests import ALLREDUCE, BROADCAST, REDUCING_KINDS, Entry, Handle, Kind, ReduceOp, Request
 
@@ -23,10 +25,12 @@ class Submissions:
     """Turns one rank's submissions into entries for the engine of a set of ranks: `size` ranks,
     the job's ranks `members`, `is_world` when they are the whole job."""
 
-    def __init__(self, size, members, is_world):
+    def __init__(self, size, members, settings, is_world):
         self.size = size
         self.members = members
+        self._gpu_operations = settings.gpu_operations
         self._is_world = is_world
+        self._device = None  # the CUDA device of this rank's device buffers, once it submitted one
         self._position = {job_rank: rank for rank, job_rank in enumerate(members)}
         self._unnamed = {kind: itertools.count(1) for kind in Kind}
         self._naming = threading.Lock()
@@ -40,17 +44,53 @@ class Submissions:
             return f"{kind.value}{AUTO_NAME_MARK}{next(self._unnamed[kind])}"
 
     def prepare(self, kind, array, name, output, op=ReduceOp.SUM, prescale=1.0, postscale=1.0, root=0,
-                splits=None, bucket=None):
+                splits=None, bucket=None, stream=None, allocate=None):
         """The Entry of one collective; raises one of REFUSALS if it can never work."""
         request = self._recall(kind, name, array, output, op, prescale, postscale, root, bucket)
         if request is None:
+            if array is not None and not isinstance(array, np.ndarray) and cuda.is_device_array(array):
+                array, output, bucket = self._device_arrays(kind, name, array, output, bucket)
             request = self._validate(kind, name, array, output, op, prescale, postscale, root, splits, bucket)
             self._remember(request, array, output, splits, bucket)
         if output is None and (kind is ALLREDUCE or kind is BROADCAST):
             output = array
-        return Entry(request, Handle(name), array, output,
-                     None if splits is None else np.asarray(splits, np.int64),
-                     None if bucket is None else bucket[1])
+        entry = Entry(request, Handle(name), array, output, None if splits is None else np.asarray(splits, np.int64),
+                      None if bucket is None else bucket[1])
+        if request.device == "cuda":
+            # Recorded now, on the stream that wrote the buffer: the engine's stream waits for it.
+            device = array.device.id
+            entry.stream = cuda.current_stream(device) if stream is None else stream
+            entry.ready = cuda.record_ready(device, entry.stream)
+            entry.allocate = allocate
+        return entry
+
+    def device_for(self, topology):
+        """The CUDA device of this rank's device backends: that of its device buffers, or, for a
+        rank that has submitted none (one that joined), the one its local rank would use."""
+        if self._device is None:
+            return topology.local_rank % cuda.cupy().cuda.runtime.getDeviceCount()
+        return self._device
+
+    def _device_arrays(self, kind, name, array, output, bucket):
+        """Device buffers as CuPy arrays over the same memory, all on this rank's one device."""
+        cp = cuda.cupy()
+        label = f"{kind.value} '{name}'"
+
+        def as_cupy(value):
+            return value if value is None or isinstance(value, cp.ndarray) else cp.asarray(value)
+
+        array = as_cupy(array)
+        output = array if output is not None and output is array else as_cupy(output)
+        if bucket is not None:
+            bucket = (bucket[0], as_cupy(bucket[1]))
+        if output is not None and output.device.id != array.device.id:
+            raise ValueError(f"{label}: the tensor is on cuda:{array.device.id} but its output on cuda:{output.device.id}")
+        if self._device is None:
+            self._device = array.device.id
+        elif array.device.id != self._device:
+            raise ValueError(f"{label}: the tensor is on cuda:{array.device.id}, but this rank's collectives run on "
+                             f"cuda:{self._device} (one GPU per rank: move the tensor there)")
+        return array, output, bucket
 
     # Training submits every gradient under the same name, from the same array object, every
     # step, and validating it costs more than the rest of a submission (measured: 10 us of a
@@ -85,6 +125,8 @@ class Submissions:
         if options != (kind, op, prescale, postscale, root, bucket_name, array.shape, array.dtype):
             return None
         flags = array.flags
+        if request.device == "cuda":
+            return request if flags.c_contiguous else None
         return request if flags.c_contiguous and flags.writeable else None
 
     def _validate(self, kind, name, array, output, op, prescale, postscale, root, splits, bucket):
@@ -94,12 +136,14 @@ class Submissions:
         label = f"{kind.value} '{name}'"
         if kind in (Kind.BARRIER, Kind.JOIN):
             return Request(name, kind)
-        if not isinstance(array, np.ndarray):
-            raise TypeError(f"{label}: expected a NumPy array, got {type(array).__name__}")
+        on_device = not isinstance(array, np.ndarray)
+        if on_device and not cuda.is_device_array(array):
+            raise TypeError(f"{label}: expected a NumPy array or a CUDA array (CuPy), got {type(array).__name__}")
         if not array.flags.c_contiguous:
             raise ValueError(f"{label}: the tensor must be contiguous")
-        if output is not None and not isinstance(output, np.ndarray):
-            raise TypeError(f"{label}: output must be a NumPy array, got {type(output).__name__}")
+        if output is not None and isinstance(output, np.ndarray) == on_device:
+            kind_of_array = "CUDA (CuPy)" if on_device else "NumPy"
+            raise TypeError(f"{label}: output must be a {kind_of_array} array like the tensor, got {type(output).__name__}")
         if output is not None and output is not array and (
             not output.flags.c_contiguous or output.shape != array.shape or output.dtype != array.dtype
         ):
@@ -109,7 +153,7 @@ class Submissions:
             )
         # The engine thread writes the result there; failing only then would stop the whole job.
         written = output if output is not None else array if kind in (Kind.ALLREDUCE, Kind.BROADCAST) else None
-        if written is not None and not written.flags.writeable:
+        if written is not None and not on_device and not written.flags.writeable:
             raise ValueError(f"{label}: the array the result goes into is read-only")
         dtype = dtype_name(label, array.dtype)
         if op.__class__ is not ReduceOp:
@@ -123,6 +167,10 @@ class Submissions:
                 raise TypeError(
                     f"{label}: cannot reduce dtype {dtype}; reducible dtypes are {sorted(REDUCIBLE_DTYPES)}"
                 )
+            if on_device and self._gpu_operations[kind.value] == "NCCL" and dtype not in NCCL_TYPES:
+                variable = f"HOROVOD_GPU_{kind.value.upper()}"
+                raise TypeError(f"{label}: NCCL cannot reduce dtype {dtype} (it reduces {', '.join(NCCL_TYPES)}); "
+                                f"set {variable}=MPI to reduce it through host memory, or cast it")
             if not (math.isfinite(prescale) and math.isfinite(postscale)):
                 raise ValueError(
                     f"{label}: prescale_factor and postscale_factor must be finite, got {prescale} and {postscale}"
@@ -137,8 +185,8 @@ class Submissions:
         bucket_name, offset = "", -1
         if bucket is not None:
             bucket_name, offset = bucket[0], self._offset_in_bucket(label, array, output, *bucket)
-        return Request(name, kind, dtype, array.shape, op, float(prescale), float(postscale), int(root), "cpu",
-                       bucket_name, offset)
+        return Request(name, kind, dtype, array.shape, op, float(prescale), float(postscale), int(root),
+                       "cuda" if on_device else "cpu", bucket_name, offset)
 
     def _check_splits(self, label, splits, first_dim):
         if splits is None:
@@ -193,4 +241,6 @@ def dtype_name(label, dtype):
 
 
 def _address(array):
-    return array.__array_interface__["data"][0]
+    if isinstance(array, np.ndarray):
+        return array.__array_interface__["data"][0]
+    return array.data.ptr

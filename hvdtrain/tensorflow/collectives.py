@@ -21,9 +21,10 @@ Names are deterministic on every rank: the caller's `name`; inside a graph, Horo
 built from the input tensor's name; eagerly, the core numbers unnamed collectives in call
 order. Several tensors handed over at once cross in one op and wait together.
 
-Tensors on a GPU cross through host memory today: TensorFlow copies them to the host for
-np.asarray and numpy_function. The CUDA path (DLPack to device buffers for the core's NCCL
-backend) replaces `_run_on_core`'s conversions when that backend exists.
+Tensors on a GPU are staged through host memory and reduced by MPI: TensorFlow copies them to
+the host for np.asarray and numpy_function, and eager results go back to the input's device.
+NCCL for TensorFlow (DLPack to CuPy buffers for the core's NCCL backend, as hvdtrain.torch
+does) is not there yet: the pinned TensorFlow is tensorflow-cpu.
 """
 
 import re
@@ -47,7 +48,12 @@ from .compression import Compression
 def _run_on_core(run, tensors, dtypes, kind):
     """Call `run(arrays) -> arrays` on the tensors' memory and return its results as tensors."""
     if tf.executing_eagerly():
-        return [_tensor(result) for result in _with_horovod_errors(run)([np.asarray(t) for t in tensors])]
+        results = [_tensor(result) for result in _with_horovod_errors(run)([np.asarray(t) for t in tensors])]
+        device = tensors[0].device if tensors else ""
+        if "GPU" not in device.upper():
+            return results
+        with tf.device(device):  # where the caller's tensor was, as Horovod's GPU ops return it
+            return [tf.identity(result) for result in results]
     if not tf.inside_function():
         raise NotImplementedError(
             f"hvdtrain.tensorflow: {kind} in a TF1 graph run by tf.compat.v1.Session is not supported (a session "

@@ -1,6 +1,9 @@
 """Collectives on torch tensors, with horovod.torch's names, signatures and semantics.
 
-Tensors cross to the core as NumPy views of their memory (no copies on the CPU). The
+Tensors cross to the core without copies: CPU tensors as NumPy views of their memory, CUDA
+tensors as CuPy views (the `gpu` extra), submitted with the caller's current CUDA stream, which
+synchronize() makes wait for the result: no host synchronisation. Outputs whose size only the
+collective tells (allgather, alltoall, reducescatter) are allocated by torch on that stream. The
 synchronous forms are autograd functions, so gradients flow through allreduce, allgather,
 broadcast, alltoall and reducescatter as in Horovod.
 """
@@ -21,12 +24,11 @@ from .compression import Compression
 
 
 def _array(tensor):
-    """A NumPy view of a CPU tensor's memory."""
+    """A NumPy view of a CPU tensor's memory, or a CuPy view of a CUDA tensor's."""
+    if tensor.device.type == "cuda":
+        return _device_array(tensor)
     if tensor.device.type != "cpu":
-        raise NotImplementedError(
-            f"hvdtrain.torch: a tensor on {tensor.device} needs the NCCL backend for GPU buffers, "
-            "which this version does not have yet; move the tensor to the CPU"
-        )
+        raise NotImplementedError(f"hvdtrain.torch: tensors on {tensor.device} are not supported; use cpu or cuda")
     tensor = tensor.detach()
     if tensor.dtype == torch.bfloat16:
         import ml_dtypes
@@ -35,11 +37,91 @@ def _array(tensor):
     return tensor.numpy()
 
 
+def _device_array(tensor):
+    """A CuPy array over a CUDA tensor's memory, which it keeps alive."""
+    cp = core.cuda.cupy()
+    memory = cp.cuda.UnownedMemory(tensor.data_ptr(), tensor.numel() * tensor.element_size(), tensor,
+                                   tensor.device.index)
+    return cp.ndarray(tuple(tensor.shape), _numpy_dtype(tensor.dtype), cp.cuda.MemoryPointer(memory, 0))
+
+
+_NUMPY_DTYPES = {}
+
+
+def _numpy_dtype(torch_dtype):
+    found = _NUMPY_DTYPES.get(torch_dtype)
+    if found is None:
+        if torch_dtype == torch.bfloat16:
+            import ml_dtypes
+
+            found = np.dtype(ml_dtypes.bfloat16)
+        else:
+            found = torch.empty(0, dtype=torch_dtype).numpy().dtype
+        _NUMPY_DTYPES[torch_dtype] = found
+    return found
+
+
+def _torch_dtype(numpy_dtype):
+    for torch_dtype, known in _NUMPY_DTYPES.items():
+        if known == numpy_dtype:
+            return torch_dtype
+    raise TypeError(f"hvdtrain.torch: no torch dtype for {numpy_dtype}")
+
+
 def _tensor(array):
-    """The torch tensor over a NumPy array's memory."""
+    """The torch tensor over a NumPy array's memory, or the tensor a device result was made in."""
+    if isinstance(array, torch.Tensor):
+        return array
     if array.dtype.name == "bfloat16":
         return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(array)
+
+
+def _cuda_build():
+    """torch's CUDA and NCCL versions where it can use a GPU, which init() checks against CuPy's:
+    one process must not load two CUDA runtimes or two NCCL libraries."""
+    if torch.version.cuda is None or not torch.cuda.is_available():
+        return None
+    try:
+        nccl = tuple(torch.cuda.nccl.version())
+    except (AttributeError, RuntimeError):  # a build without NCCL
+        nccl = None
+    return torch.version.cuda, nccl
+
+
+core.cuda.declare_framework("torch", _cuda_build)
+
+
+def _stream(tensor):
+    """What the core needs of the caller's stream: the current CUDA stream of the tensor's device."""
+    return torch.cuda.current_stream(tensor.device).cuda_stream if tensor.is_cuda else None
+
+
+class _TorchOutput:
+    """Makes the output of a device collective with torch, on the stream that was current when
+    it was submitted (so torch's allocator orders reuse of that memory on it), and keeps it:
+    the result is the tensor, not its CuPy view."""
+
+    __slots__ = ("device", "stream", "tensor")
+
+    def __init__(self, like):
+        self.device = like.device
+        self.stream = torch.cuda.current_stream(like.device)
+        self.tensor = None
+
+    def __call__(self, shape, dtype):
+        with torch.cuda.stream(self.stream):
+            self.tensor = torch.empty(shape, dtype=_torch_dtype(dtype), device=self.device)
+        return _device_array(self.tensor)
+
+
+def _allocator(tensor):
+    return _TorchOutput(tensor) if tensor.is_cuda else None
+
+
+def _result(result, allocated):
+    """A core result as a torch tensor: the one torch allocated for a device result."""
+    return _tensor(result) if allocated is None else allocated.tensor
 
 
 def _output_array(output, in_place):
@@ -75,12 +157,17 @@ def poll(handle):
     return all(h.poll() for h in core_handles)
 
 
+def _current_stream(device_index):
+    return torch.cuda.current_stream(device_index).cuda_stream
+
+
 def synchronize(handle):
-    """Wait for the operation of `handle` and return its result."""
+    """Wait for the operation of `handle` and return its result; a CUDA result is ready for the
+    current stream (which waits for it on the device: the host does not)."""
     if handle not in _handle_map:
         return None
     core_handles, finish = _handle_map.pop(handle)
-    return finish([h.wait() for h in core_handles])
+    return finish([h.wait(stream=_current_stream) for h in core_handles])
 
 
 # ----------------------------------------------------------------------------- allreduce
@@ -95,7 +182,7 @@ def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor
         array = _array(_source(tensor, in_place))
     handle = core.allreduce_async(array, name=name, op=op, prescale_factor=prescale_factor,
                                   postscale_factor=postscale_factor, output=_output_array(output, in_place),
-                                  bucket=bucket, process_set=process_set)
+                                  bucket=bucket, process_set=process_set, stream=_stream(tensor))
     return _register([handle], lambda _: output)
 
 
@@ -149,7 +236,7 @@ def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postsc
     handles = core.grouped_allreduce_async([_array(s) for s in sources], name=name, op=op,
                                            prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                                            outputs=[_output_array(o, o is t) for t, o in zip(tensors, outputs)],
-                                           process_set=process_set)
+                                           process_set=process_set, stream=_group_stream(tensors))
     return _register(handles, lambda _: list(outputs))
 
 
@@ -200,6 +287,10 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
     return [compression.decompress(r, context) for r, (_, context) in zip(reduced, compressed)]
 
 
+def _group_stream(tensors):
+    return _stream(tensors[0]) if tensors else None
+
+
 # ----------------------------------------------------------------------------- sparse allreduce
 
 
@@ -218,13 +309,15 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
     stay separate in the result until it is coalesced."""
     tensor = tensor.coalesce()
     # allgather concatenates along dimension 0, so the indices travel one row per entry.
-    values = core.allgather_async(_array(tensor.values().contiguous()), name=f"{name}.values",
-                                  process_set=process_set)
-    indices = core.allgather_async(_array(tensor.indices().t().contiguous()), name=f"{name}.indices",
-                                   process_set=process_set)
+    value_rows, index_rows = tensor.values().contiguous(), tensor.indices().t().contiguous()
+    outputs = [_allocator(value_rows), _allocator(index_rows)]
+    values = core.allgather_async(_array(value_rows), name=f"{name}.values", process_set=process_set,
+                                  stream=_stream(value_rows), allocate=outputs[0])
+    indices = core.allgather_async(_array(index_rows), name=f"{name}.indices", process_set=process_set,
+                                   stream=_stream(index_rows), allocate=outputs[1])
 
     def finish(results):
-        gathered_values, gathered_indices = (_tensor(r) for r in results)
+        gathered_values, gathered_indices = (_result(r, o) for r, o in zip(results, outputs))
         if op == Average:
             gathered_values = gathered_values / process_set.size()
         return torch.sparse_coo_tensor(gathered_indices.t(), gathered_values, tensor.shape)
@@ -237,22 +330,30 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
 
 def allgather_async(tensor, name=None, process_set=global_process_set):
     """Start concatenating every rank's `tensor` along dimension 0 (sizes may differ)."""
-    handle = core.allgather_async(_array(_source(tensor, False)), name=name, process_set=process_set)
-    return _register([handle], lambda results: _tensor(results[0]))
+    output = _allocator(tensor)
+    handle = core.allgather_async(_array(_source(tensor, False)), name=name, process_set=process_set,
+                                  stream=_stream(tensor), allocate=output)
+    return _register([handle], lambda results: _result(results[0], output))
+
+
+def _grouped_async(submit, tensors, **options):
+    """Submit a grouped collective whose outputs the engine sizes; synchronize() gives the list."""
+    outputs = [_allocator(t) for t in tensors]
+    handles = submit([_array(_source(t, False)) for t in tensors], stream=_group_stream(tensors), allocate=outputs,
+                     **options)
+    return _register(handles, lambda results: [_result(r, o) for r, o in zip(results, outputs)])
 
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
     """Start allgathering a list of tensors as one group; synchronize() gives the list."""
-    handles = core.grouped_allgather_async([_array(_source(t, False)) for t in tensors], name=name,
-                                           process_set=process_set)
-    return _register(handles, lambda results: [_tensor(r) for r in results])
+    return _grouped_async(core.grouped_allgather_async, tensors, name=name, process_set=process_set)
 
 
 def _allgather_grads(grad_outputs, rows, process_set):
     """Gradients of allgathered tensors of `rows` rows each on this rank: the incoming gradients
     averaged over the ranks, then this rank's rows of each."""
     grads = grouped_allreduce(list(grad_outputs), op=Average, process_set=process_set)
-    rows_by_rank = allgather(torch.tensor([rows], dtype=torch.int64), process_set=process_set)
+    rows_by_rank = allgather(torch.tensor([rows], dtype=torch.int64), process_set=process_set)  # on the host
     offsets = rows_by_rank[:process_set.rank()].sum(dim=0).tolist()
     return [g.narrow(0, offset, n) for g, offset, n in zip(grads, offsets, rows)]
 
@@ -296,7 +397,7 @@ def _broadcast_async(tensor, output, root_rank, name, process_set):
     in_place = output is tensor
     source = _source(tensor, in_place)
     handle = core.broadcast_async(_array(source), root_rank, name=name, output=_output_array(output, in_place),
-                                  process_set=process_set)
+                                  process_set=process_set, stream=_stream(tensor))
     return _register([handle], lambda _: output)
 
 
@@ -352,11 +453,13 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     """Start sending `splits[i]` rows of `tensor` to the i-th rank (of `process_set`);
     synchronize() gives (received tensor, received splits), as Horovod's handle does."""
     splits = _alltoall_splits(splits)
-    handle = core.alltoall_async(_array(_source(tensor, False)), splits=splits, name=name, process_set=process_set)
+    output = _allocator(tensor)
+    handle = core.alltoall_async(_array(_source(tensor, False)), splits=splits, name=name, process_set=process_set,
+                                 stream=_stream(tensor), allocate=output)
 
     def finish(results):
         received, received_splits = results[0]
-        return _tensor(received), torch.from_numpy(received_splits.astype(np.int32))
+        return _result(received, output), torch.from_numpy(received_splits.astype(np.int32))
 
     return _register([handle], finish)
 
@@ -389,19 +492,18 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
 
 def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set, prescale_factor=1.0,
                         postscale_factor=1.0):
+    output = _allocator(tensor)
     handle = core.reducescatter_async(_array(_source(tensor, False)), name=name, op=op,
                                       prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-                                      process_set=process_set)
-    return _register([handle], lambda results: _tensor(results[0]))
+                                      process_set=process_set, stream=_stream(tensor), allocate=output)
+    return _register([handle], lambda results: _result(results[0], output))
 
 
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
                                 prescale_factor=1.0, postscale_factor=1.0):
     """Start reducescattering a list of tensors as one group; synchronize() gives the list."""
-    handles = core.grouped_reducescatter_async([_array(_source(t, False)) for t in tensors], name=name, op=op,
-                                               prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-                                               process_set=process_set)
-    return _register(handles, lambda results: [_tensor(r) for r in results])
+    return _grouped_async(core.grouped_reducescatter_async, tensors, name=name, op=op,
+                          prescale_factor=prescale_factor, postscale_factor=postscale_factor, process_set=process_set)
 
 
 def _reducescatter_grads(ctx, grad_outputs):

@@ -183,6 +183,7 @@ def test_coordinator_collects_the_rows_of_an_allgather_and_evicts_cached_names()
 MISMATCHES = [  # (field, what rank 1 submits differently, its value in the message)
     ("operation", {"kind": Kind.BROADCAST}, "broadcast"),
     ("dtype", {"dtype": "float64"}, "float64"),
+    ("device", {"device": "cuda"}, "cuda"),  # the same name in host memory here, on a GPU there
     ("shape", {"shape": (3,)}, "(3,)"),
     ("op", {"op": ReduceOp.MAX}, "MAX"),
     ("prescale_factor", {"prescale": 0.5}, "0.5"),

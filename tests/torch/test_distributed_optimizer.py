@@ -251,3 +251,38 @@ def test_gradient_bucket_is_zeroed_and_on_huge_pages(dtype):
     assert bucket.data_ptr() % HUGE_PAGE_BYTES == 0
     whole_pages_kib = bucket.numel() * bucket.element_size() // HUGE_PAGE_BYTES * (HUGE_PAGE_BYTES >> 10)
     assert _anon_huge_page_kib(bucket.data_ptr()) >= whole_pages_kib
+
+
+def alone_channels_last():
+    """HVDTRAIN_REDUCE_ALONE=1: a job of one rank reduces through the engine; a channels_last
+    model's gradients keep its layout in the bucket, without autograd's layout warning, and the
+    step is plain SGD's."""
+    import warnings
+
+    import hvdtrain.torch as hvd
+
+    hvd.init()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Conv2d(8, 4, 3)).double()
+    model = model.to(memory_format=torch.channels_last)
+    reference = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Conv2d(8, 4, 3)).double()
+    reference.load_state_dict(model.state_dict())
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters())
+    assert optimizer._buckets is not None, "HVDTRAIN_REDUCE_ALONE=1 did not make a job of one rank reduce"
+    x = torch.randn(2, 3, 9, 9, dtype=torch.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "grad and param do not obey the gradient layout contract"
+        model(x.to(memory_format=torch.channels_last)).sum().backward()
+        optimizer.step()
+    reference(x).sum().backward()
+    torch.optim.SGD(reference.parameters(), lr=0.1).step()
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert p.grad.stride() == p.stride(), (p.shape, p.grad.stride(), p.stride())
+        assert torch.allclose(p, q, atol=1e-12)
+    print("channels_last ok")
+
+
+def test_channels_last_gradients_keep_their_layout_in_the_bucket(alone):
+    result = alone(alone_channels_last, env={"HVDTRAIN_REDUCE_ALONE": "1"})
+    assert "channels_last ok" in result.stdout, result.stdout
