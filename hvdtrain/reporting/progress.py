@@ -1,7 +1,10 @@
 """A run's account of itself as it trains, the same for every framework's loop.
 
 Every rank times its steps and adds up their losses; every `train.log_every_steps` steps (and
-at the end of each epoch) the loss is averaged over the ranks and recorded. Rank 0 alone prints
+at the end of each epoch) the loss is averaged over the ranks and recorded. A loss may be a
+float or a framework's 0-d tensor, still on its device: the losses are added as they come and
+read (float()) only when recorded, as reading a GPU's tensor waits for the GPU to finish the
+steps queued before it, which every step would otherwise do. Rank 0 alone prints
 the plan at the start, keeps the run's log (metrics.jsonl, TensorBoard, progress bar: run_log.py),
 rewrites results.json at the end of every epoch (so that a run that stops early says how far it
 got) and writes report.md at the end (report.py); the other ranks take part in the averaging only.
@@ -47,21 +50,27 @@ class Progress:
 
     def step_done(self, epoch, step, global_step, lr, loss, seconds):
         """Step `step` of `epoch` (the run's `global_step`-th), trained at `lr`, took `seconds`
-        and had this rank's mean loss `loss`."""
-        self.train_seconds += seconds
-        self.window_loss, self.window_seconds = self.window_loss + loss, self.window_seconds + seconds
-        self.window_steps += 1
+        and had this rank's mean loss `loss` (a float, or a 0-d tensor read only if recorded)."""
+        self.window_loss, self.window_steps = self.window_loss + loss, self.window_steps + 1
         if self.log:
             self.log.advance()
         steps = self.plan.steps_per_epoch
-        if global_step % self.cfg.train.log_every_steps == 0 or step == steps - 1:
-            mean = np.array([self.window_loss / self.window_steps])
-            self.train_loss = float(core.allreduce_async(mean, name="train.loss", op=core.ReduceOp.AVERAGE).wait()[0])
-            if self.log:
-                self.log.record(event="train", step=global_step, epoch=epoch + (step + 1) / steps, lr=lr,
-                                loss=self.train_loss,
-                                samples_per_s=self.window_steps * self.plan.global_batch_size / self.window_seconds)
-            self.window_loss, self.window_seconds, self.window_steps = 0.0, 0.0, 0
+        recording = global_step % self.cfg.train.log_every_steps == 0 or step == steps - 1
+        if recording:
+            began = time.perf_counter()
+            mean = float(self.window_loss) / self.window_steps
+            seconds += time.perf_counter() - began  # the wait for the device's queued steps is theirs
+        self.train_seconds += seconds
+        self.window_seconds += seconds
+        if not recording:
+            return
+        averaged = core.allreduce_async(np.array([mean]), name="train.loss", op=core.ReduceOp.AVERAGE).wait()
+        self.train_loss = float(averaged[0])
+        if self.log:
+            self.log.record(event="train", step=global_step, epoch=epoch + (step + 1) / steps, lr=lr,
+                            loss=self.train_loss,
+                            samples_per_s=self.window_steps * self.plan.global_batch_size / self.window_seconds)
+        self.window_loss, self.window_seconds, self.window_steps = 0.0, 0.0, 0
 
     def evaluated(self, epoch, global_step, lr, metrics):
         """The validation `metrics` after `epoch` epochs; its last step was recorded just now, so

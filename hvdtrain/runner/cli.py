@@ -12,7 +12,6 @@ import os
 import shlex
 import signal
 import sys
-import tempfile
 from pathlib import Path
 
 import hydra
@@ -20,17 +19,17 @@ from hydra._internal.utils import get_args_parser as hydra_args_parser  # hydra.
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
-from hvdtrain.runner import cluster, hydra_errors, launcher, recipes
-from hvdtrain.runner.config import (CONF_DIR, PROGRESS_BAR_VARIABLE, ConfigError, claim_run_dir, load_run_config,
-                             progress_bar_wanted, register_configs, validate)
+from hvdtrain.runner import cluster, devices, hydra_errors, launcher, recipes
+from hvdtrain.runner.config import (CONF_DIR, PROGRESS_BAR_VARIABLE, RESUMABLE_KEYS, ConfigError, claim_run_dir,
+                                    load_run_config, progress_bar_wanted, register_configs, validate)
 from hvdtrain.runner.plan import make_plan
 from hvdtrain.training import checkpoint
 from hvdtrain.training.lr_schedule import DECAYS_TO_THE_END
 
-# Overrides that may come with resume=RUN_DIR (train.epochs extends the run); anything else would
-# silently not apply.
-EXTEND_OVERRIDE = "train.epochs="
-RESUME_OVERRIDES = ("resume=", "dry_run=", "hydra.", EXTEND_OVERRIDE)
+# Overrides that may come with resume=RUN_DIR (train.epochs extends the run, train.device moves
+# it); anything else would silently not apply.
+EXTEND_OVERRIDE, MOVE_OVERRIDE = (f"{key}=" for key in RESUMABLE_KEYS)  # train.epochs=, train.device=
+RESUME_OVERRIDES = ("resume=", "dry_run=", "hydra.", EXTEND_OVERRIDE, MOVE_OVERRIDE)
 
 
 def main():
@@ -82,12 +81,9 @@ def run(cfg, run_dir):
     if cluster.inside_existing_job():
         from hvdtrain.runner import worker
 
-        cluster.check_cuda_visible(cfg)  # this process is one of the ranks
-        worker.train_in_existing_job(cfg, run_dir)
+        worker.train_in_existing_job(cfg, run_dir)  # the ranks check their devices together
         return
     plan, environment = _launch_plan(cfg, run_dir)
-    if cluster.all_on_this_machine(plan.hosts):
-        cluster.check_cuda_visible(cfg)
     claim_run_dir(cfg, run_dir)
     print(f"hvdtrain: starting {plan.world_size} workers: {shlex.join(plan.launch_command)}", flush=True)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # a scheduler's SIGTERM stops the workers too
@@ -116,12 +112,15 @@ def _epochs_completed(run_dir):
 
 
 def _launch_plan(cfg, run_dir):
+    """The plan and the workers' environment; ConfigError where the hosts, or this machine's
+    devices, cannot carry the run (in a dry run, only where the hosts cannot)."""
     hosts = cluster.resolve_hosts(cfg.cluster, dry_run=cfg.dry_run)
+    device = devices.planned(cfg, hosts, dry_run=cfg.dry_run)
     environment = launcher.worker_environment(cfg.cluster.slots)
     environment.setdefault(PROGRESS_BAR_VARIABLE, "1" if sys.stderr.isatty() else "0")
     program = [sys.executable, "-u", "-m", "hvdtrain.runner.worker", str(run_dir.resolve())]
     command = launcher.mpirun_command(program, hosts, env=environment, extra_args=list(cfg.cluster.mpirun_args))
-    return make_plan(cfg, hosts, command), environment
+    return make_plan(cfg, hosts, device, command), environment
 
 
 def _saved_config(run_dir, dry_run):
@@ -131,35 +130,41 @@ def _saved_config(run_dir, dry_run):
     others = [o for o in HydraConfig.get().overrides.task if not o.startswith(RESUME_OVERRIDES)]
     if others:
         raise ConfigError(f"resume={run_dir} continues that run with its saved config.yaml; it cannot be "
-                          f"combined with {' '.join(others)}")
+                          f"combined with {' '.join(others)} (only train.epochs=N, which extends it, and "
+                          f"train.device=..., which moves it to other hardware)")
     cfg = load_run_config(run_dir / "config.yaml")
     cfg.resume, cfg.dry_run = str(run_dir), dry_run
     return cfg
 
 
 def _resumed_config(requested):
-    """The saved config of the run `requested.resume`, with the train.epochs of `requested` where
-    the command line gives it (which extends the run and is written into its config.yaml), or
-    None when the run has finished and there is nothing to resume. How far the run got is its
-    newest valid checkpoint's epoch count."""
+    """The saved config of the run `requested.resume`, with the train.epochs and train.device of
+    `requested` where the command line gives them (claim_run_dir writes them into the run's
+    config.yaml once the run may start), or None when the run has finished and there is nothing
+    to resume. How far the run got is its newest valid checkpoint's epoch count."""
     run_dir = Path(requested.resume)
     cfg = _saved_config(run_dir, dry_run=requested.dry_run)
+    overrides = HydraConfig.get().overrides.task
     newest = checkpoint.newest_metadata(run_dir / "checkpoints")
     done = newest["epoch"] if newest else 0
-    if not any(o.startswith(EXTEND_OVERRIDE) for o in HydraConfig.get().overrides.task):
-        if done < cfg.train.epochs:
-            return cfg
+    extending = any(o.startswith(EXTEND_OVERRIDE) for o in overrides)
+    if not extending and done >= cfg.train.epochs:
         print(f"hvdtrain: {run_dir} finished all {cfg.train.epochs} epochs; nothing to resume "
               f"(extend it with resume={run_dir} train.epochs=M)", flush=True)
         return None
+    if any(o.startswith(MOVE_OVERRIDE) for o in overrides) and requested.train.device != cfg.train.device:
+        started_with, cfg.train.device = cfg.train.device, requested.train.device
+        validate(cfg)  # before saying so
+        print(f"hvdtrain: {run_dir} goes on with train.device={cfg.train.device} "
+              f"(it was started with train.device={started_with})", flush=True)
+    if not extending:
+        return cfg
     saved, epochs = cfg.train.epochs, requested.train.epochs
     if epochs <= done:
         raise ConfigError(f"train.epochs={epochs}: {run_dir} has done {done} of its {saved} epochs already; "
                           f"resume={run_dir} train.epochs=N trains on to N epochs, N more than {done}")
     cfg.train.epochs = epochs
-    validate(cfg)  # before config.yaml says so: a run directory never holds a config that cannot run
-    if not cfg.dry_run:
-        _save_epochs(run_dir, epochs)
+    validate(cfg)  # before saying so
     if cfg.schedule.decay in DECAYS_TO_THE_END:
         effect = (f"its {cfg.schedule.decay} decay is stretched to end at epoch {epochs}: from epoch {done} on the "
                   f"LR follows the {epochs}-epoch curve, so the result is not that of a run started with "
@@ -169,17 +174,6 @@ def _resumed_config(requested):
                   f"started with train.epochs={epochs} would")
     print(f"hvdtrain: extending {run_dir} from {saved} to {epochs} epochs; {effect}", flush=True)
     return cfg
-
-
-def _save_epochs(run_dir, epochs):
-    """Put the extended train.epochs into the run's config.yaml, which the workers load. Replaced
-    atomically through a temporary file of its own: inside an mpirun job every rank writes it."""
-    saved = OmegaConf.load(run_dir / "config.yaml")
-    saved.train.epochs = epochs
-    descriptor, temporary = tempfile.mkstemp(dir=run_dir, prefix=".config.yaml.")
-    with os.fdopen(descriptor, "w") as file:
-        file.write(OmegaConf.to_yaml(saved))
-    os.replace(temporary, run_dir / "config.yaml")
 
 
 def _remove_if_empty(run_dir):

@@ -150,30 +150,7 @@ def job_hosts():
     return [Host(name, slots) for name, slots in counts.items()]
 
 
-def check_cuda_visible(cfg):
-    """Refuse train.device=cuda where this machine shows no CUDA device, before anything starts
-    (each rank would fail with a traceback). Asked only for ranks that run on this machine: a
-    launch onto other hosts (a login node starting GPU nodes) cannot be checked from here."""
-    if cfg.train.device != "cuda" or _cuda_visible(cfg.recipe.framework):
-        return
-    restricted = os.environ.get("CUDA_VISIBLE_DEVICES")
-    hidden = "" if restricted is None else f" with CUDA_VISIBLE_DEVICES={restricted!r}"
-    raise invalid(f"train.device='cuda': no CUDA device visible to {cfg.recipe.framework} on this machine{hidden}; "
-                  f"use train.device=auto (a GPU where there is one) or train.device=cpu")
-
-
 def all_on_this_machine(hosts):
     here = ("localhost", "127.0.0.1", socket.gethostname(), socket.gethostname().split(".")[0])
     return all(host.host in here for host in hosts)
 
-
-def _cuda_visible(framework):
-    # Asked of the framework itself, imported only here: it is what the ranks will use, and
-    # tensorflow-cpu sees no GPU even where torch sees one.
-    if framework == "tensorflow":
-        from hvdtrain.training.tensorflow_startup import import_tensorflow
-
-        return bool(import_tensorflow().config.list_physical_devices("GPU"))
-    import torch
-
-    return torch.cuda.is_available()

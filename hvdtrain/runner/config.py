@@ -11,11 +11,13 @@ import dataclasses
 import difflib
 import hashlib
 import importlib.util
+import os
 import sys
+import tempfile
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, List, Optional
 
 from omegaconf import MISSING, OmegaConf
 
@@ -30,6 +32,7 @@ TARGET_METRICS = ("val_top1", "val_top5")  # accuracies in percent: higher is be
 DECAYS = ("constant", "step", "multistep", "cosine", "poly")
 WEIGHT_DECAY_EXCLUSIONS = ("bn", "bias")
 DEVICES = ("auto", "cpu", "cuda")
+AUTOCAST_MODES = ("none", "bf16", "fp16")
 
 
 @dataclass
@@ -103,8 +106,17 @@ class TrainConfig:
     epochs: int = 1
     batch_size: int = 32  # per worker and backward pass
     backward_passes_per_step: int = 1
-    autocast: bool = False
-    device: str = "auto"
+    # none | bf16 | fp16: the precision of the forward pass (torch.autocast; Keras's mixed_bfloat16
+    # policy for tensorflow), with a GradScaler for fp16. fp16 needs CUDA: it is refused with
+    # train.device=cpu, and where train.device=auto comes out as the CPU (checked before launch on
+    # this machine, by the ranks at start elsewhere), as the CPU's float16 autocast without loss
+    # scaling is not what anyone means. tensorflow takes bf16 only (its loop has no loss scaling).
+    # true/false are kept for older configs: false = none; true = fp16 on CUDA and bf16 on the CPU
+    # for torch, bf16 for tensorflow. Typed Any so that those booleans stay booleans.
+    autocast: Any = "none"
+    device: str = "auto"  # auto | cpu | cuda; one GPU per local rank; auto: CUDA where every host has a GPU per rank
+    channels_last: bool = False  # image models: weights and inputs in torch.channels_last (tensorflow's layout anyway)
+    cudnn_benchmark: bool = True  # on CUDA, cuDNN times its algorithms for each new input shape (torch)
     seed: int = 0
     log_every_steps: int = 10
     eval_every_epochs: int = 1
@@ -231,15 +243,49 @@ def load_run_config(path):
     return typed(OmegaConf.load(path))
 
 
+# What `resume=RUN_DIR` may change of a run: train.epochs extends it; train.device moves it to
+# other hardware (a checkpoint holds the same state on any device). Anything else would make it
+# another run.
+RESUMABLE_KEYS = ("train.epochs", "train.device")
+
+
 def claim_run_dir(cfg, run_dir):
     """Make `run_dir` this run's by writing the resolved config.yaml into it (which rank 0
-    then loads); a resumed run has one already, a new run must not take another's directory."""
+    then loads); a new run must not take another's directory. A resumed run has one already:
+    the keys the command line may change (RESUMABLE_KEYS) are written into it, so that its
+    workers, and any later resume, train with them."""
     if cfg.resume:
+        _update_saved_config(run_dir / "config.yaml", {key: OmegaConf.select(cfg, key) for key in RESUMABLE_KEYS})
         return
     if (run_dir / "config.yaml").exists():
         raise ConfigError(f"the run directory {run_dir} already holds a run: continue it with resume={run_dir}, "
                           f"or give another hydra.run.dir")
     OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+
+
+def _update_saved_config(path, values):
+    """Set `values` (dotted keys) in the config.yaml at `path`, replaced atomically through a
+    temporary file of its own, and only where something changes."""
+    saved = OmegaConf.load(path)
+    if all(OmegaConf.select(saved, key) == value for key, value in values.items()):
+        return
+    for key, value in values.items():
+        OmegaConf.update(saved, key, value)
+    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(descriptor, "w") as file:
+        file.write(OmegaConf.to_yaml(saved))
+    os.replace(temporary, path)
+
+
+def autocast_precision(cfg, device_kind):
+    """What train.autocast asks for on `device_kind` ("cpu" or "cuda"): "none", "bf16" or "fp16".
+    The booleans of older configs mean what they meant then (see TrainConfig.autocast)."""
+    setting = cfg.train.autocast
+    if setting is True:
+        return "fp16" if device_kind == "cuda" and cfg.recipe.framework == "torch" else "bf16"
+    if setting is False:
+        return "none"
+    return setting
 
 
 def config_hash(cfg):
@@ -326,6 +372,16 @@ def validate(cfg):
     check(train.batch_size >= 1, "train.batch_size", "must be a positive number of samples per worker")
     check(train.backward_passes_per_step >= 1, "train.backward_passes_per_step", "must be at least 1")
     check(train.device in DEVICES, "train.device", f"allowed: {', '.join(DEVICES)}")
+    check(isinstance(train.autocast, bool) or train.autocast in AUTOCAST_MODES, "train.autocast",
+          f"allowed: {', '.join(AUTOCAST_MODES)} (true/false kept for older configs)")
+    if train.autocast == "fp16":
+        check(recipe.framework != "tensorflow", "train.autocast",
+              "the tensorflow loop has no loss scaling; use bf16 (Keras's mixed_bfloat16 policy)")
+        check(train.device != "cpu", "train.autocast",
+              "float16 autocast is for CUDA, with a GradScaler; on the CPU (train.device=cpu) use bf16")
+    image_models = [name for name, kind in tasks.MODELS.items() if kind == "image"]
+    check(not train.channels_last or tasks.MODELS.get(model.name) == "image", "train.channels_last",
+          f"applies to image models ({', '.join(image_models)}), not {model.name}")
     check(train.log_every_steps >= 1, "train.log_every_steps", "must be at least 1")
     check(train.eval_every_epochs >= 1, "train.eval_every_epochs", "must be at least 1")
     check(train.checkpoint_every_steps >= 0, "train.checkpoint_every_steps", "must be 0 (epoch ends only) or more")

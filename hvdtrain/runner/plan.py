@@ -1,12 +1,14 @@
 """The plan of a run, derived once from its config and hosts: world size, global batch, the
-linearly scaled LR (Goyal et al. 2017), warmup and steps per epoch. `hvdtrain ... dry_run=true`
-prints it as JSON; the workers derive the same numbers from the same functions.
+linearly scaled LR (Goyal et al. 2017), warmup, steps per epoch and the device (devices.py).
+`hvdtrain ... dry_run=true` prints it as JSON; the workers derive the same numbers from the same
+functions.
 """
 
 from dataclasses import asdict, dataclass, field
 from typing import List, Optional
 
 from hvdtrain.runner.config import invalid
+from hvdtrain.runner.devices import Device
 from hvdtrain.runner.launcher import Host
 
 
@@ -23,15 +25,19 @@ class Plan:
     warmup_epochs: float
     epochs: int
     steps_per_epoch: Optional[int]
+    device: str  # cpu or cuda; auto where hosts other than this machine decide when the job starts
+    gpus_per_host: Optional[int]  # on CUDA, one GPU per rank (the most ranks a host has); else null
+    device_reason: str
     launch_command: List[str] = field(default_factory=list)
 
     def as_json(self):
         return asdict(self)
 
 
-def make_plan(cfg, hosts, launch_command=(), train_size=None):
-    """The plan for `cfg` on `hosts`. `train_size` is the number of training samples when the
-    data is loaded; before that, the data config's expected size (or unknown)."""
+def make_plan(cfg, hosts, device: Device, launch_command=(), train_size=None):
+    """The plan for `cfg` on `hosts`, training on `device` (devices.planned before launch,
+    devices.agreed in the job). `train_size` is the number of training samples when the data is
+    loaded; before that, the data config's expected size (or unknown)."""
     world_size = sum(host.slots for host in hosts)
     samples_per_step = cfg.train.batch_size * cfg.train.backward_passes_per_step
     global_batch = world_size * samples_per_step
@@ -55,6 +61,9 @@ def make_plan(cfg, hosts, launch_command=(), train_size=None):
         warmup_epochs=cfg.schedule.warmup_epochs,
         epochs=cfg.train.epochs,
         steps_per_epoch=steps,
+        device=device.kind,
+        gpus_per_host=max(host.slots for host in hosts) if device.kind == "cuda" else None,
+        device_reason=device.reason,
         launch_command=list(launch_command),
     )
 
@@ -76,6 +85,7 @@ def summary(plan, cfg, run_dir):
         f"  model        {cfg.model.name}, {cfg.model.num_classes} classes",
         f"  data         {cfg.data.source}" + (f" at {cfg.data.root}" if cfg.data.root else ""),
         f"  cluster      {cfg.cluster.name}: {plan.world_size} ranks on {hosts}",
+        f"  device       {plan.device} ({plan.device_reason})",
         f"  batch        {plan.per_worker_batch_size} per worker x {plan.backward_passes_per_step} backward passes"
         f" x {plan.world_size} ranks = {plan.global_batch_size} per step",
         f"  LR           {plan.base_lr:g} per {plan.base_batch_size} samples -> peak {plan.peak_lr:g}"

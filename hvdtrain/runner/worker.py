@@ -6,7 +6,9 @@ and broadcasts it (no rank composes its own), so that only rank 0 needs the run 
 other hosts need no shared file system. Every rank then runs the training loop of the recipe's
 framework, hvdtrain/training/train_<framework>.py, where too only rank 0 reads or writes the run
 directory. When `hvdtrain` itself is started by mpirun or srun, every rank has composed the config,
-and `train_in_existing_job` makes rank 0's config and run directory the run's.
+and `train_in_existing_job` makes rank 0's config and run directory the run's. Before training, the
+ranks agree on their device (devices.py): a host without a GPU for each of its ranks stops a
+train.device=cuda run here, on every rank, since the `hvdtrain` command cannot see other hosts.
 """
 
 import importlib
@@ -19,6 +21,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from hvdtrain.runner import devices
 from hvdtrain.runner.config import ConfigError, claim_run_dir, load_run_config, typed
 from hvdtrain.training.tensorflow_startup import import_tensorflow
 
@@ -78,12 +81,26 @@ def _read_run_config(run_dir):
         raise ConfigError(f"rank 0 cannot read the run's config {path}: {type(error).__name__}: {error}") from None
 
 
+def _agreed_device_or_exit(cfg):
+    """The device every rank trains on (devices.agreed); a refusal comes alike on every rank, and
+    rank 0 says it in one line."""
+    from hvdtrain import core
+
+    try:
+        return devices.agreed(cfg)
+    except ConfigError as error:
+        if core.rank() == 0:
+            print(f"hvdtrain: {error}", file=sys.stderr, flush=True)
+        sys.exit(2)
+
+
 def _train_or_exit(cfg, run_dir):
+    device = _agreed_device_or_exit(cfg)
     try:
         if cfg.recipe.framework == "tensorflow":
             import_tensorflow()  # before the loop imports it, which would show its start-up noise
         loop = importlib.import_module(f"hvdtrain.training.train_{cfg.recipe.framework}")
-        loop.train(cfg, run_dir)
+        loop.train(cfg, run_dir, device)
     except BaseException as error:
         traceback.print_exc()
         rank = next((os.environ[name] for name in RANK_VARIABLES if name in os.environ), "0")

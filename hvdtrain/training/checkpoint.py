@@ -4,9 +4,9 @@ the metadata every checkpoint carries beside the model.
 A checkpoint is a zip archive (stored, not compressed) of two members: `metadata.json`, plain
 JSON that any process can read without a framework (the `hvdtrain` command reads it to tell how
 far a run got), and `state`, the framework's bytes (train_torch.py's from torch.save, read back
-with torch.load(weights_only=True); train_tensorflow.py's a NumPy .npz archive read with
-allow_pickle=False). The zip's CRC-32 of each member tells a damaged file from a good one before
-any framework looks at it.
+with torch.load(weights_only=True) onto the CPU, so that a GPU's checkpoint resumes anywhere;
+train_tensorflow.py's a NumPy .npz archive read with allow_pickle=False). The zip's CRC-32 of each
+member tells a damaged file from a good one before any framework looks at it.
 """
 
 import copy
@@ -115,9 +115,11 @@ def metadata(cfg, epoch, step, global_step, world_size, metrics, elapsed_s, trai
 def compatibility_hash(cfg):
     """What a checkpoint must agree on with the run that resumes from it: the config without
     train.epochs, which says only where training stops (resume=DIR train.epochs=N extends a run;
-    the LR schedule takes it as an argument, see lr_schedule.py)."""
+    the LR schedule takes it as an argument, see lr_schedule.py), and without train.device, which
+    says only where it trains (resume=DIR train.device=cpu goes on from a GPU's checkpoint)."""
     unbounded = copy.deepcopy(cfg)
     unbounded.train.epochs = 0
+    unbounded.train.device = "any"
     return config_hash(unbounded)
 
 

@@ -24,7 +24,8 @@ def run(cfg, plan, run_dir, session_start, train_size, *, decode, restore, broad
     - restore(state): take a checkpoint's state (the decoded parts and the metadata);
     - broadcast_initial(): take rank 0's initial weights, when there is no checkpoint;
     - epoch_batches(epoch, indices) -> iterator over the batches of these samples in order;
-    - train_step(batches, lr, global_step) -> this rank's mean loss of one optimizer step;
+    - train_step(batches, lr, global_step) -> this rank's mean loss of one optimizer step, a float or
+      a 0-d tensor left on its device (progress.py reads it only when it records);
     - evaluate() -> the validation metrics, or evaluate=None when there is no validation set;
     - checkpoint_state() -> the bytes of the framework's state on rank 0 (None on the others),
       after making every rank's copy of the model the same (BatchNorm statistics averaged).

@@ -1,9 +1,10 @@
 """Data-parallel training with TensorFlow 2 and Keras on `hvdtrain.tensorflow`: train_torch.py's
 story, told with TensorFlow, so that a recipe means the same in both frameworks.
 
-Every rank runs `train(cfg, run_dir)`: init -> build the task (a Keras model, input sharded as in
-the PyTorch loop) -> the shared loop (loop.py: start or resume, epochs of steps, checkpoints,
-evaluation, progress) with TensorFlow's part of each, through the same framework-neutral modules.
+Every rank runs `train(cfg, run_dir, device)`: init -> build the task (a Keras model, input
+sharded as in the PyTorch loop) -> the shared loop (loop.py: start or resume, epochs of steps,
+checkpoints, evaluation, progress) with TensorFlow's part of each, through the same
+framework-neutral modules.
 
 Two choices keep the semantics of the PyTorch loop:
 - The update is torch.optim.SGD's (`SGD` below), not Keras's SGD: Keras decays the weights apart
@@ -27,24 +28,28 @@ import tensorflow as tf
 import hvdtrain.tensorflow as hvd
 from hvdtrain.training import loop, sharding
 from hvdtrain.runner.cluster import job_hosts
+from hvdtrain.runner.config import autocast_precision
 from hvdtrain.runner.plan import make_plan
 from hvdtrain.tasks.data_tensorflow import build_datasets
 from hvdtrain.tasks.models_tensorflow import build_model
 
 
-def train(cfg, run_dir):
+def train(cfg, run_dir, device):
+    """`device`: the devices.Device every rank agreed on (cpu, or cuda: the GPU of the local rank).
+    Images are channels last in TensorFlow already (train.channels_last changes nothing here)."""
     session_start = time.time()
     hvd.init()
     if keras.backend.backend() != "tensorflow":
         raise RuntimeError(f"recipe.framework=tensorflow trains with TensorFlow, but Keras runs on "
                            f"{keras.backend.backend()} (KERAS_BACKEND): set KERAS_BACKEND=tensorflow or leave it unset")
-    _use_device(cfg.train.device)
+    _use_device(device.kind)
     tf.config.experimental.enable_op_determinism()
     keras.utils.set_random_seed(cfg.train.seed)
-    if cfg.train.autocast:  # bfloat16 needs no loss scaling, on the CPU or a GPU
+    # bfloat16 needs no loss scaling, on the CPU or a GPU; fp16 is refused for this loop (config.py)
+    if autocast_precision(cfg, device.kind) == "bf16":
         keras.mixed_precision.set_global_policy("mixed_bfloat16")
     train_set, val_set = build_datasets(cfg.data, cfg.model.num_classes, cfg.train.seed)
-    plan = make_plan(cfg, job_hosts(), train_size=len(train_set))
+    plan = make_plan(cfg, job_hosts(), device, train_size=len(train_set))
     passes = cfg.train.backward_passes_per_step
 
     model = build_model(cfg.model, cfg.data.image_size)
@@ -68,12 +73,13 @@ def train(cfg, run_dir):
 
 def _train_step(model, optimizer, batches, passes):
     """One optimizer step: `passes` backward passes summed on this rank, averaged over the ranks,
-    one update."""
+    one update. Returns this rank's mean loss as a tensor, read only when the progress report
+    records it (reading it waits for the device)."""
     total, sums = 0.0, None
     for _ in range(passes):
         loss, gradients = _gradients(model, *next(batches), passes)
         sums = gradients if sums is None else [s + g for s, g in zip(sums, gradients)]
-        total += float(loss)
+        total = total + loss
     _update(optimizer, sums, tf.constant(optimizer.lr, tf.float32))
     return total / passes
 
@@ -189,13 +195,11 @@ def _decode(data):
     return state
 
 
-def _use_device(choice):
+def _use_device(kind):
     """One GPU per rank, the local rank's, or the CPU."""
-    gpus = tf.config.list_physical_devices("GPU")
-    if choice == "cuda" and not gpus:
-        raise RuntimeError("train.device=cuda, but TensorFlow sees no GPU on this host")
-    if choice == "cpu" or not gpus:
+    if kind == "cpu":
         tf.config.set_visible_devices([], "GPU")
         return
+    gpus = tf.config.list_physical_devices("GPU")
     tf.config.experimental.set_memory_growth(gpus[hvd.local_rank()], True)
     tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")

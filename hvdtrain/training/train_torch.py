@@ -1,13 +1,16 @@
 """Data-parallel training with PyTorch on `hvdtrain.torch`, written as a Horovod user writes it.
 
-Every rank runs `train(cfg, run_dir)`: init -> build the task (model, sharded data) and the
-DistributedOptimizer -> the shared loop (loop.py: start or resume, epochs of steps, checkpoints,
-evaluation, progress) with PyTorch's part of each: a training step, sharded evaluation with
-exactly reduced sums, the state of a checkpoint. Everything that is not PyTorch (plan, sharding,
-LR schedule, checkpoint files, progress, logs, report) lives in framework-neutral modules, which
-the sibling loop train_tensorflow.py uses as well.
+Every rank runs `train(cfg, run_dir, device)`: init -> build the task (model, sharded data) and
+the DistributedOptimizer -> the shared loop (loop.py: start or resume, epochs of steps,
+checkpoints, evaluation, progress) with PyTorch's part of each: a training step, sharded
+evaluation with exactly reduced sums, the state of a checkpoint. Everything that is not PyTorch
+(plan, sharding, LR schedule, checkpoint files, progress, logs, report) lives in
+framework-neutral modules, which the sibling loop train_tensorflow.py uses as well. On CUDA the
+input pipeline keeps its loader workers, pins its batches and copies them without blocking, and
+no step waits for the GPU to read its loss.
 """
 
+import contextlib
 import io
 import time
 
@@ -18,59 +21,103 @@ from torch.utils.data import DataLoader
 import hvdtrain.torch as hvd
 from hvdtrain.training import loop, sharding
 from hvdtrain.runner.cluster import job_hosts
+from hvdtrain.runner.config import autocast_precision
 from hvdtrain.runner.plan import make_plan
 from hvdtrain.tasks.data_torch import build_datasets
 from hvdtrain.tasks.models_torch import build_model
 
 
-def train(cfg, run_dir):
+def train(cfg, run_dir, device):
+    """`device`: the devices.Device every rank agreed on (cpu, or cuda: the GPU of the local rank)."""
     session_start = time.time()
     hvd.init()
-    device = _device(cfg.train.device)
+    target = _use_device(device.kind, cfg.train.cudnn_benchmark)
+    precision = autocast_precision(cfg, target.type)
     torch.manual_seed(cfg.train.seed)
     train_set, val_set = build_datasets(cfg.data, cfg.model.num_classes, cfg.train.seed)
-    plan = make_plan(cfg, job_hosts(), train_size=len(train_set))
+    plan = make_plan(cfg, job_hosts(), device, train_size=len(train_set))
     passes = cfg.train.backward_passes_per_step
+    to_device = ToDevice(target, cfg.train.channels_last)
 
-    model = build_model(cfg.model).to(device)
+    model = build_model(cfg.model).to(target)
+    if cfg.train.channels_last:
+        model = model.to(memory_format=torch.channels_last)
     optimizer = torch.optim.SGD(_parameter_groups(model, cfg.optimizer), lr=plan.base_lr,
                                 momentum=cfg.optimizer.momentum, nesterov=cfg.optimizer.nesterov,
                                 weight_decay=cfg.optimizer.weight_decay)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                          backward_passes_per_step=passes, op=hvd.Average)
-    scaler = torch.amp.GradScaler(device.type, enabled=cfg.train.autocast and device.type == "cuda")
+    scaler = torch.amp.GradScaler(target.type, enabled=precision == "fp16")  # fp16 is CUDA's only (devices.py)
+    train_batches = EpochBatches(cfg.train.batch_size)
+    train_loader = _loader(train_set, train_batches, cfg.data.loader_workers, target)
 
     def restore(state):
         model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scaler.load_state_dict(state["scaler"])
+        optimizer.load_state_dict(state["optimizer"])  # puts its state on the parameters' device
+        if state["scaler"]:  # empty where the scaler was off (no fp16 there): this one starts afresh
+            scaler.load_state_dict(state["scaler"])
+
+    def epoch_batches(epoch, indices):
+        train_batches.take([(int(i), sharding.sample_seed(cfg.train.seed, epoch, i)) for i in indices])
+        return iter(train_loader)
 
     def step(batches, lr, global_step):
         _set_learning_rate(optimizer, lr, cfg.optimizer.momentum_correction)
         torch.manual_seed(sharding.step_seed(cfg.train.seed, hvd.rank(), global_step))
-        return _train_step(model, optimizer, scaler, batches, passes, device, cfg.train.autocast)
+        return _train_step(model, optimizer, scaler, batches, passes, to_device, precision)
 
     loop.run(cfg, plan, run_dir, session_start, len(train_set),
              decode=_decode, restore=restore,
              broadcast_initial=lambda: hvd.broadcast_parameters(model.state_dict(), root_rank=0),
-             epoch_batches=lambda epoch, indices: iter(_loader(train_set, indices, cfg, epoch, device)),
-             train_step=step,
-             evaluate=(lambda: evaluate(model, val_set, cfg, device)) if len(val_set) else None,
+             epoch_batches=epoch_batches, train_step=step,
+             evaluate=(lambda: evaluate(model, val_set, cfg, to_device, precision)) if len(val_set) else None,
              checkpoint_state=lambda: _checkpoint_state(model, optimizer, scaler))
 
 
-def _train_step(model, optimizer, scaler, batches, passes, device, autocast):
+class ToDevice:
+    """Moves batches to the training device: asynchronously from pinned memory on CUDA, and
+    images (4-D) into channels_last where the model is."""
+
+    def __init__(self, device, channels_last):
+        self.device = device
+        self.channels_last = channels_last
+
+    def __call__(self, tensor):
+        if self.channels_last and tensor.dim() == 4:
+            return tensor.to(self.device, non_blocking=True, memory_format=torch.channels_last)
+        return tensor.to(self.device, non_blocking=True)
+
+
+class EpochBatches:
+    """A loader's batch sampler: batches of the sample keys (index, augmentation seed) given last.
+    The training loader serves every epoch from one of these, so that its worker processes
+    persist: it asks for the batches, in the training process, each time an epoch begins."""
+
+    def __init__(self, batch_size, keys=()):
+        self.batch_size = batch_size
+        self.keys = list(keys)
+
+    def take(self, keys):
+        self.keys = keys
+
+    def __iter__(self):
+        return (self.keys[i:i + self.batch_size] for i in range(0, len(self.keys), self.batch_size))
+
+
+def _train_step(model, optimizer, scaler, batches, passes, to_device, precision):
     """One optimizer step: `passes` backward passes, gradients averaged over the ranks, one update.
     synchronize / skip_synchronize is Horovod's way to let GradScaler unscale the averaged
-    gradients before the update; without autocast on a GPU the scaler does nothing."""
+    gradients before the update; without fp16 the scaler does nothing. Returns this rank's mean
+    loss as a tensor on the device: reading it would wait for the device, which the progress
+    report does only when it records (train.log_every_steps)."""
     optimizer.zero_grad()
     total = 0.0
     for _ in range(passes):
-        inputs, labels = next(batches)
-        with torch.autocast(device.type, dtype=_autocast_dtype(device), enabled=autocast):
-            loss = F.cross_entropy(model(inputs.to(device)), labels.to(device))
+        images, labels = next(batches)
+        with _autocast(to_device.device, precision):
+            loss = F.cross_entropy(model(to_device(images)), to_device(labels))
         scaler.scale(loss / passes).backward()
-        total += loss.item()
+        total = total + loss.detach().float()
     optimizer.synchronize()
     scaler.unscale_(optimizer)
     with optimizer.skip_synchronize():
@@ -80,21 +127,24 @@ def _train_step(model, optimizer, scaler, batches, passes, device, autocast):
 
 
 @torch.no_grad()
-def evaluate(model, val_set, cfg, device):
+def evaluate(model, val_set, cfg, to_device, precision):
     """Validation metrics over the whole validation set: each rank evaluates its shard and the
-    sums (loss, correct top-1, correct top-5, samples) are added up across ranks, exactly."""
+    sums (loss, correct top-1, correct top-5, samples) are added up across ranks, exactly. The
+    sums stay on the device until the shard is done."""
     _average_buffers(model)
     model.eval()
-    totals = torch.zeros(4, dtype=torch.float64)
-    indices = sharding.eval_shard(len(val_set), hvd.rank(), hvd.size())
-    for inputs, labels in _loader(val_set, indices, cfg, None, device):
-        with torch.autocast(device.type, dtype=_autocast_dtype(device), enabled=cfg.train.autocast):
-            logits = model(inputs.to(device)).float()
-        labels = labels.to(device)
+    sums, count = torch.zeros(3, dtype=torch.float64, device=to_device.device), 0
+    batches = EpochBatches(cfg.train.batch_size,
+                           [(int(i), 0) for i in sharding.eval_shard(len(val_set), hvd.rank(), hvd.size())])
+    for images, labels in _loader(val_set, batches, cfg.data.loader_workers, to_device.device, persistent=False):
+        with _autocast(to_device.device, precision):
+            logits = model(to_device(images)).float()
+        labels = to_device(labels)
         ranked = logits.topk(min(5, logits.shape[1]), dim=1).indices == labels[:, None]
-        totals += torch.tensor([F.cross_entropy(logits, labels, reduction="sum").item(),
-                                ranked[:, 0].sum().item(), ranked.any(dim=1).sum().item(), len(labels)],
-                               dtype=torch.float64)
+        sums += torch.stack([F.cross_entropy(logits, labels, reduction="sum").double(),
+                             ranked[:, 0].sum().double(), ranked.any(dim=1).sum().double()])
+        count += len(labels)
+    totals = torch.cat([sums.cpu(), torch.tensor([count], dtype=torch.float64)])
     loss, top1, top5, count = hvd.allreduce(totals, op=hvd.Sum, name="eval.totals").tolist()
     model.train()
     return {"val_loss": loss / count, "val_top1": 100.0 * top1 / count, "val_top5": 100.0 * top5 / count}
@@ -121,7 +171,10 @@ def _checkpoint_state(model, optimizer, scaler):
 
 
 def _decode(data):
-    return torch.load(io.BytesIO(data), weights_only=True)
+    """A checkpoint's PyTorch state, its tensors on the CPU wherever they were saved (a GPU's
+    checkpoint reads on a machine without one). Rank 0 decodes it and broadcasts it as an object,
+    so it must not hold tensors of one GPU; restore() copies them to the device of the model."""
+    return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
 
 
 def _parameter_groups(model, optimizer_cfg):
@@ -151,20 +204,24 @@ def _set_learning_rate(optimizer, lr, momentum_correction):
         group["lr"] = lr
 
 
-def _loader(dataset, indices, cfg, epoch, device):
-    """Batches of `indices`; for training (`epoch` given) each sample carries its augmentation seed."""
-    keys = [(int(i), 0 if epoch is None else sharding.sample_seed(cfg.train.seed, epoch, i)) for i in indices]
-    batches = [keys[i:i + cfg.train.batch_size] for i in range(0, len(keys), cfg.train.batch_size)]
-    return DataLoader(dataset, batch_sampler=batches, num_workers=cfg.data.loader_workers,
-                      pin_memory=device.type == "cuda")
+def _loader(dataset, batch_sampler, workers, device, persistent=True):
+    """Batches from `batch_sampler` (an EpochBatches). On CUDA they come in pinned memory, from
+    which ToDevice copies them without blocking."""
+    return DataLoader(dataset, batch_sampler=batch_sampler, num_workers=workers,
+                      persistent_workers=persistent and workers > 0, pin_memory=device.type == "cuda")
 
 
-def _device(choice):
-    if choice == "cuda" or (choice == "auto" and torch.cuda.is_available()):
-        torch.cuda.set_device(hvd.local_rank())
-        return torch.device("cuda", hvd.local_rank())
-    return torch.device("cpu")
+def _use_device(kind, cudnn_benchmark):
+    """The torch.device of this rank: the CPU, or the GPU of its local rank (one GPU per rank)."""
+    if kind == "cpu":
+        return torch.device("cpu")
+    torch.cuda.set_device(hvd.local_rank())
+    torch.backends.cudnn.benchmark = cudnn_benchmark
+    return torch.device("cuda", hvd.local_rank())
 
 
-def _autocast_dtype(device):
-    return torch.float16 if device.type == "cuda" else torch.bfloat16
+def _autocast(device, precision):
+    """The forward pass's precision: "none", "bf16" or "fp16" (config.autocast_precision)."""
+    if precision == "none":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)

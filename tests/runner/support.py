@@ -90,10 +90,11 @@ def start_and_kill(run_dir, *args, until, timeout=240):
     return observed
 
 
-def crash_and_resume(run_dir, *args, timeout=240):
+def crash_and_resume(run_dir, *args, resume_args=(), timeout=240):
     """Run `hvdtrain ARGS` into run_dir and kill it as soon as it has written two checkpoints; cut
-    the newest one short, as if the disk had lost its end; then `hvdtrain resume=RUN_DIR`, which
-    skips that checkpoint and goes on from the one before."""
+    the newest one short, as if the disk had lost its end; then `hvdtrain resume=RUN_DIR
+    RESUME_ARGS`, which skips that checkpoint and goes on from the one before. Returns what the
+    resume printed."""
     start_and_kill(run_dir, *args, until=lambda: len(list((run_dir / "checkpoints").glob("step-*.ckpt"))) >= 2,
                    timeout=timeout)
     results = run_dir / "results.json"
@@ -102,10 +103,11 @@ def crash_and_resume(run_dir, *args, timeout=240):
 
     newest = sorted((run_dir / "checkpoints").glob("step-*.ckpt"))[-1]
     newest.write_bytes(newest.read_bytes()[:1000])
-    result = run_hvdtrain(f"resume={run_dir}", timeout=timeout)
+    result = run_hvdtrain(f"resume={run_dir}", *resume_args, timeout=timeout)
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"skipping checkpoint {newest}" in result.stderr
     assert "hvdtrain: resuming at epoch" in result.stdout
+    return result
 
 
 def newest_checkpoint(run_dir, decode):

@@ -75,3 +75,40 @@ def test_extending_a_run_keeps_its_checkpoints_compatible():
     assert checkpoint.compatibility_hash(compose("train.epochs=30")) == checkpoint.compatibility_hash(cfg)
     assert checkpoint.compatibility_hash(compose("train.seed=1")) != checkpoint.compatibility_hash(cfg)
     assert cfg.train.epochs == 12, "the hash leaves the config it is given as it was"
+
+
+def test_moving_a_run_to_another_device_keeps_its_checkpoints_compatible():
+    """resume=DIR train.device=cpu goes on from a GPU's checkpoints: the device is not part of what
+    a checkpoint must agree on."""
+    cfg = compose()
+    for device in ("cpu", "cuda"):
+        assert checkpoint.compatibility_hash(compose(f"train.device={device}")) == checkpoint.compatibility_hash(cfg)
+    assert checkpoint.compatibility_hash(compose("train.autocast=bf16")) != checkpoint.compatibility_hash(cfg)
+    assert cfg.train.device == "auto", "the hash leaves the config it is given as it was"
+
+
+def test_a_gpus_checkpoint_decodes_onto_the_cpu(monkeypatch):
+    """A checkpoint saved from CUDA tensors names their GPU in its pickle; torch.load restores
+    them there unless told otherwise, which fails on a machine without that GPU (and would put
+    another rank's state on rank 0's GPU). Such a file is written here by tagging CPU storage as
+    cuda:1, as torch.save does for a tensor on the second GPU."""
+    import io
+
+    import torch
+    import torch.serialization
+
+    from hvdtrain.training.train_torch import _decode
+
+    state = {"model": {"weight": torch.arange(6.0).reshape(2, 3)}, "optimizer": {"state": {}}, "scaler": {}}
+    with monkeypatch.context() as patched:
+        patched.setattr(torch.serialization, "location_tag", lambda storage: "cuda:1")
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+    data = buffer.getvalue()
+    assert b"cuda:1" in data
+    if not torch.cuda.is_available():  # what loading it as it was saved meets on a CPU machine
+        with pytest.raises(RuntimeError, match="CUDA"):
+            torch.load(io.BytesIO(data), weights_only=True)
+    decoded = _decode(data)
+    assert decoded["model"]["weight"].device == torch.device("cpu")
+    assert torch.equal(decoded["model"]["weight"], state["model"]["weight"])

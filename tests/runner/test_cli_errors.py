@@ -14,8 +14,8 @@ from runner.support import run_hvdtrain
 OPTIMIZER_KEYS = ("name, base_lr, base_batch_size, momentum, nesterov, weight_decay, exclude_from_weight_decay, "
                   "momentum_correction")
 TRAIN_KEYS = ", ".join(f"train.{key}" for key in (
-    "epochs", "batch_size", "backward_passes_per_step", "autocast", "device", "seed", "log_every_steps",
-    "eval_every_epochs", "checkpoint_every_steps", "keep_checkpoints"))
+    "epochs", "batch_size", "backward_passes_per_step", "autocast", "device", "channels_last", "cudnn_benchmark",
+    "seed", "log_every_steps", "eval_every_epochs", "checkpoint_every_steps", "keep_checkpoints"))
 
 ONE_LINE_ERRORS = {
     "key added with +, misspelt": (["+optimzer.base_lr=0.5"],
@@ -25,7 +25,9 @@ ONE_LINE_ERRORS = {
                                        f"optimizer.bogus: unknown key; the keys of optimizer: {OPTIMIZER_KEYS}"),
     "key deleted with ~, misspelt": (["~train.epoch"], "train.epoch: unknown key; did you mean train.epochs?"),
     "not an integer": (["train.epochs=abc"], "train.epochs='abc': must be an integer"),
-    "not a boolean": (["train.autocast=maybe"], "train.autocast='maybe': must be true or false"),
+    "not a boolean": (["train.channels_last=maybe"], "train.channels_last='maybe': must be true or false"),
+    "not an autocast mode": (["train.autocast=fp32"],
+                             "train.autocast='fp32': allowed: none, bf16, fp16 (true/false kept for older configs)"),
     "not a list": (["optimizer.exclude_from_weight_decay=bn"],
                    "optimizer.exclude_from_weight_decay='bn': must be a list of strings, written [x,y,...]"),
     "a section set to a value": (["train=3"], f"train=3: is a section; set its keys instead: {TRAIN_KEYS}"),
@@ -95,8 +97,12 @@ def test_cuda_without_a_visible_device_is_refused_before_launch(framework, tmp_p
         f"hvdtrain: invalid config: train.device='cuda': no CUDA device visible to {framework} on this machine with "
         f"CUDA_VISIBLE_DEVICES=''; use train.device=auto (a GPU where there is one) or train.device=cpu\n")
     assert not (tmp_path / "run").exists()
-    # The plan needs no device.
-    assert run_hvdtrain("train.device=cuda", "dry_run=true", env={"CUDA_VISIBLE_DEVICES": ""}).returncode == 0
+    # The plan needs no device: it says what launching it here would meet.
+    plan = run_hvdtrain("train.device=cuda", "dry_run=true", env={"CUDA_VISIBLE_DEVICES": ""})
+    assert plan.returncode == 0, plan.stderr
+    plan = json.loads(plan.stdout)
+    assert (plan["device"], plan["gpus_per_host"]) == ("cuda", 2)
+    assert plan["device_reason"].startswith("launching it here is refused: train.device='cuda': no CUDA device")
 
 
 @pytest.mark.parametrize("results", [None, {"epochs_completed": 1}])

@@ -9,6 +9,7 @@ import pytest
 
 from hvdtrain.runner import cli, cluster
 from hvdtrain.runner.config import FRAMEWORKS, RECIPES_DIR, ConfigError, progress_bar_wanted, validate
+from hvdtrain.runner.devices import CPU
 from hvdtrain.runner.plan import make_plan
 
 from runner.support import compose, run_hvdtrain
@@ -29,7 +30,7 @@ def test_every_recipe_composes_and_validates_on_several_clusters(recipe, framewo
         cfg = compose(f"recipe={recipe}", f"cluster={layout}", f"data.root={image_tree}",
                       f"recipe.framework={framework}", *hosts)
         validate(cfg)
-        plan = make_plan(cfg, cluster.resolve_hosts(cfg.cluster))
+        plan = make_plan(cfg, cluster.resolve_hosts(cfg.cluster), CPU)
         assert cfg.recipe.name == recipe and cfg.cluster.name == layout and cfg.recipe.framework == framework
         assert plan.world_size == cfg.cluster.num_hosts * cfg.cluster.slots
         assert plan.global_batch_size == plan.world_size * cfg.train.batch_size * cfg.train.backward_passes_per_step
@@ -42,13 +43,13 @@ def test_every_recipe_composes_and_validates_on_several_clusters(recipe, framewo
 
 def test_the_recipes_take_their_settings_from_the_source():
     goyal_8k = compose("recipe=resnet50_imagenet_8k", "cluster.hosts=[" + ",".join(f"n{i}" for i in range(32)) + "]")
-    plan = make_plan(goyal_8k, cluster.resolve_hosts(goyal_8k.cluster))
+    plan = make_plan(goyal_8k, cluster.resolve_hosts(goyal_8k.cluster), CPU)
     assert (plan.global_batch_size, plan.peak_lr, plan.warmup_epochs) == (8192, 3.2, 5)
     assert list(goyal_8k.schedule.milestones) == [30, 60, 80] and goyal_8k.train.epochs == 90
     assert goyal_8k.model.zero_init_residual and list(goyal_8k.optimizer.exclude_from_weight_decay) == ["bn"]
     assert goyal_8k.recipe.target.value == pytest.approx(100 - 23.74)
     baseline = compose("recipe=resnet50_imagenet")
-    plan = make_plan(baseline, cluster.resolve_hosts(baseline.cluster))
+    plan = make_plan(baseline, cluster.resolve_hosts(baseline.cluster), CPU)
     assert (plan.global_batch_size, plan.peak_lr) == (256, 0.1)
 
 
@@ -72,6 +73,10 @@ def test_dry_run_of_resnet101_on_4x4_prints_the_plan():
         "warmup_epochs": 5.0,
         "epochs": 100,
         "steps_per_epoch": 2502,  # 1281167 ImageNet images // 16 ranks // 32
+        "device": "auto",  # other hosts: their ranks decide when the job starts
+        "gpus_per_host": None,
+        "device_reason": "train.device=auto: decided when the job starts: CUDA if every host has a GPU for each "
+                         "of its ranks, else the CPU",
     }
     assert command[0].endswith("mpirun") and command[command.index("-np") + 1] == "16"
     assert command[command.index("-H") + 1] == "h1:4,h2:4,h3:4,h4:4"
@@ -97,17 +102,17 @@ def test_dry_run_without_hosts_names_placeholders_and_a_real_launch_still_needs_
 def test_the_plan_knows_imagenets_size_and_leaves_an_unknown_one_open():
     imagenet = compose("recipe=resnet50_imagenet", "dry_run=true")
     assert (imagenet.data.train_size, imagenet.data.val_size) == (1281167, 50000)
-    assert make_plan(imagenet, cluster.resolve_hosts(imagenet.cluster)).steps_per_epoch == 1281167 // 8 // 32
+    assert make_plan(imagenet, cluster.resolve_hosts(imagenet.cluster), CPU).steps_per_epoch == 1281167 // 8 // 32
     validate(imagenet)  # no data.root: a dry run does not read the data
     any_tree = compose("recipe=resnet50_imagenet", "data=imagefolder", "dry_run=true")
     assert any_tree.data.train_size is None
-    assert make_plan(any_tree, cluster.resolve_hosts(any_tree.cluster)).steps_per_epoch is None
+    assert make_plan(any_tree, cluster.resolve_hosts(any_tree.cluster), CPU).steps_per_epoch is None
 
 
 def test_a_data_set_smaller_than_one_global_batch_is_refused():
     cfg = compose("train.batch_size=1000")
     with pytest.raises(ConfigError) as error:
-        make_plan(cfg, cluster.resolve_hosts(cfg.cluster))
+        make_plan(cfg, cluster.resolve_hosts(cfg.cluster), CPU)
     assert str(error.value) == ("invalid config: data.train_size=1437: fewer training samples than one global batch "
                                 "(2000 = 2 ranks x train.batch_size=1000 x train.backward_passes_per_step=1)")
 

@@ -100,9 +100,14 @@ def test_the_throughput_figures_divide_and_the_summary_prints_them_so(default_ru
 
 
 def test_a_killed_run_resumes_to_the_same_weights(default_run, tmp_path):
+    """Resumed with train.device=cpu, the one key besides train.epochs that resume takes (a GPU's
+    checkpoint goes on on a CPU; tests/gpu does that): here the device stays the CPU of train.device=auto."""
     uninterrupted, _ = default_run
     run_dir = tmp_path / "run"
-    crash_and_resume(run_dir, timeout=TIMEOUT)
+    result = crash_and_resume(run_dir, resume_args=["train.device=cpu"], timeout=TIMEOUT)
+    assert f"hvdtrain: {run_dir} goes on with train.device=cpu (it was started with train.device=auto)" in result.stdout
+    assert "  device       cpu (train.device=cpu)" in result.stdout
+    assert "  device: cpu\n" in (run_dir / "config.yaml").read_text()  # where the workers read it
 
     assert last_checkpoint(run_dir)["global_step"] == 264
     assert_same_weights(run_dir, uninterrupted)
@@ -114,7 +119,10 @@ def test_a_killed_run_resumes_to_the_same_weights(default_run, tmp_path):
 def test_resume_refuses_other_overrides(default_run):
     run_dir, _ = default_run
     result = run_hvdtrain(f"resume={run_dir}", "optimizer.base_lr=0.2")
-    assert result.returncode != 0 and "cannot be combined with optimizer.base_lr=0.2" in result.stderr
+    assert result.returncode != 0 and result.stderr == (
+        f"hvdtrain: resume={run_dir} continues that run with its saved config.yaml; it cannot be combined with "
+        f"optimizer.base_lr=0.2 (only train.epochs=N, which extends it, and train.device=..., which moves it to "
+        f"other hardware)\n")
 
 
 def test_resuming_a_finished_run_says_so_and_changes_nothing(default_run):
@@ -252,7 +260,7 @@ def ranks_validation_sums_are_exact():
     from hvdtrain.runner.config import typed
     from hvdtrain.tasks.data_torch import build_datasets
     from hvdtrain.tasks.models_torch import build_model
-    from hvdtrain.training.train_torch import evaluate
+    from hvdtrain.training.train_torch import ToDevice, evaluate
 
     hvd.init()
     cfg = typed({"model": {"name": "digits_cnn", "num_classes": 10}, "data": {"source": "digits", "val_size": 360},
@@ -263,7 +271,7 @@ def ranks_validation_sums_are_exact():
         if isinstance(module, torch.nn.BatchNorm2d):
             module.running_mean.fill_(hvd.rank())
     _, val = build_datasets(cfg.data, 10, 0)
-    metrics = evaluate(model, val, cfg, torch.device("cpu"))
+    metrics = evaluate(model, val, cfg, ToDevice(torch.device("cpu"), channels_last=False), "none")
 
     expected_mean = (hvd.size() - 1) / 2
     for module in model.modules():
