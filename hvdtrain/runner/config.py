@@ -30,7 +30,8 @@ RECIPES_DIR = CONF_DIR / "recipe"
 FRAMEWORKS = ("torch", "tensorflow")
 TARGET_METRICS = ("val_top1", "val_top5")  # accuracies in percent: higher is better
 DECAYS = ("constant", "step", "multistep", "cosine", "poly")
-WEIGHT_DECAY_EXCLUSIONS = ("bn", "bias")
+OPTIMIZERS = ("sgd", "lars")
+PARAMETER_KINDS = ("bn", "bias")  # what optimizer.exclude_from_weight_decay and exclude_from_adaptation may name
 DEVICES = ("auto", "cpu", "cuda")
 AUTOCAST_MODES = ("none", "bf16", "fp16")
 
@@ -76,6 +77,11 @@ class DataConfig:
     image_size: int = 224
     resize_size: int = 256  # validation images are resized to this, then center-cropped to image_size
     loader_workers: int = 0
+    # mnist1d only: the samples made (80 % training, 20 % validation: the package's split), the
+    # package's seed argument, and the directory rank 0 keeps the made data in.
+    num_samples: Optional[int] = None
+    seed: Optional[int] = None
+    cache_dir: Optional[str] = None
 
 
 @dataclass
@@ -88,6 +94,8 @@ class OptimizerConfig:
     weight_decay: float = 0.0001
     exclude_from_weight_decay: List[str] = field(default_factory=list)  # of "bn", "bias"
     momentum_correction: bool = True
+    trust_coefficient: Optional[float] = None  # lars only: eta of the layer-wise trust ratio
+    exclude_from_adaptation: List[str] = field(default_factory=list)  # lars only: "bn", "bias" take plain SGD
 
 
 @dataclass
@@ -337,8 +345,20 @@ def validate(cfg):
     if data.source == "synthetic":
         check(data.train_size is not None, "data.train_size", "synthetic data needs the number of samples to make")
         check(data.val_size is not None, "data.val_size", "synthetic data needs the number of samples to make")
-    if data.source == "digits":
-        check(model.num_classes == 10, "model.num_classes", "the digits data set has 10 classes")
+    if data.source in ("digits", "mnist1d"):
+        check(model.num_classes == 10, "model.num_classes", f"the {data.source} data set has 10 classes")
+    mnist1d = data.source == "mnist1d"
+    for key in ("num_samples", "seed", "cache_dir"):
+        check((data[key] is not None) == mnist1d, f"data.{key}", "data.source=mnist1d needs it (data=mnist1d sets it)"
+              if mnist1d else "applies to data.source=mnist1d only")
+    if mnist1d:
+        for key in ("train_size", "val_size"):
+            check(data[key] is None, f"data.{key}",
+                  "mnist1d's split follows data.num_samples (80 % for training): leave it unset")
+        check(data.num_samples is None or (data.num_samples >= 10 and data.num_samples % 10 == 0), "data.num_samples",
+              "must be a positive multiple of 10 (the package makes data.num_samples / 10 samples of each digit)")
+        check(data.seed is None or 0 <= data.seed < 2**32, "data.seed",
+              "must be in [0, 2**32): the package seeds NumPy with it")
     check(data.train_size is None or data.train_size >= 1, "data.train_size", "must be a positive number or null")
     check(data.val_size is None or data.val_size >= 0, "data.val_size", "must be a number (0: no validation) or null")
     if tasks.DATA_SOURCES.get(data.source) == "image":
@@ -347,14 +367,23 @@ def validate(cfg):
         check(data.resize_size >= data.image_size, "data.resize_size", "must be at least data.image_size")
     check(data.loader_workers >= 0, "data.loader_workers", "must be 0 (load in the training process) or more")
 
-    check(optimizer.name == "sgd", "optimizer.name", "allowed: sgd")
+    check(optimizer.name in OPTIMIZERS, "optimizer.name", f"allowed: {', '.join(OPTIMIZERS)}")
     check(optimizer.base_lr > 0, "optimizer.base_lr", "must be a positive learning rate")
     check(optimizer.base_batch_size >= 1, "optimizer.base_batch_size", "must be a positive batch size")
     check(0 <= optimizer.momentum < 1, "optimizer.momentum", "must be in [0, 1)")
     check(not optimizer.nesterov or optimizer.momentum > 0, "optimizer.nesterov", "needs optimizer.momentum > 0")
     check(optimizer.weight_decay >= 0, "optimizer.weight_decay", "must not be negative")
-    check(set(optimizer.exclude_from_weight_decay) <= set(WEIGHT_DECAY_EXCLUSIONS), "optimizer.exclude_from_weight_decay",
-          f"allowed entries: {', '.join(WEIGHT_DECAY_EXCLUSIONS)}")
+    for key in ("exclude_from_weight_decay", "exclude_from_adaptation"):
+        check(set(optimizer[key]) <= set(PARAMETER_KINDS), f"optimizer.{key}",
+              f"allowed entries: {', '.join(PARAMETER_KINDS)}")
+    lars = optimizer.name == "lars"
+    check(not lars or (optimizer.trust_coefficient is not None and optimizer.trust_coefficient > 0),
+          "optimizer.trust_coefficient", "must be a positive number (LARS's eta, e.g. 0.001)")
+    check(not lars or recipe.framework != "tensorflow", "optimizer.name",
+          "LARS is implemented for recipe.framework=torch only; the tensorflow loop has SGD")
+    check(lars or optimizer.trust_coefficient is None, "optimizer.trust_coefficient", "applies to optimizer=lars only")
+    check(lars or not optimizer.exclude_from_adaptation, "optimizer.exclude_from_adaptation",
+          "applies to optimizer=lars only")
 
     check(train.epochs >= 1, "train.epochs", "must be at least 1")
     check(0 <= schedule.warmup_epochs <= train.epochs, "schedule.warmup_epochs",

@@ -7,6 +7,7 @@ functions.
 from dataclasses import asdict, dataclass, field
 from typing import List, Optional
 
+from hvdtrain import tasks
 from hvdtrain.runner.config import invalid
 from hvdtrain.runner.devices import Device
 from hvdtrain.runner.launcher import Host
@@ -41,12 +42,14 @@ def make_plan(cfg, hosts, device: Device, launch_command=(), train_size=None):
     world_size = sum(host.slots for host in hosts)
     samples_per_step = cfg.train.batch_size * cfg.train.backward_passes_per_step
     global_batch = world_size * samples_per_step
+    size_key = "data.train_size"
     if train_size is None:
-        train_size = cfg.data.train_size
+        train_size, size_key = tasks.expected_train_size(cfg.data)
     steps = None if train_size is None else steps_per_epoch(train_size, world_size, samples_per_step)
     if steps == 0:
+        given = cfg.data.num_samples if size_key == "data.num_samples" else train_size
         raise invalid(
-            f"data.train_size={train_size}: fewer training samples than one global batch ({global_batch} = "
+            f"{size_key}={given}: {train_size} training samples, fewer than one global batch ({global_batch} = "
             f"{world_size} ranks x train.batch_size={cfg.train.batch_size} x "
             f"train.backward_passes_per_step={cfg.train.backward_passes_per_step})")
     return Plan(
@@ -91,7 +94,7 @@ def summary(plan, cfg, run_dir):
         f"  LR           {plan.base_lr:g} per {plan.base_batch_size} samples -> peak {plan.peak_lr:g}"
         f" (linear scaling), warmup {plan.warmup_epochs:g} epochs, then {decay}",
         f"  training     {plan.epochs} epochs x {steps} steps",
-        f"  target       " + (f"{target.metric} {target.value:g} ({target.source})" if target else "none"),
+        "  target       " + (f"{target.metric} {target.value:g} ({target.source})" if target else "none"),
         f"  run dir      {run_dir}",
     ]
     return "\n".join(lines)

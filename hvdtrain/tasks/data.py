@@ -1,6 +1,7 @@
 """What the data sources are whatever the framework: the digits split, the ImageNet
-normalization, the size of the synthetic image pool and the class check of an ImageFolder tree.
-data_torch.py and data_tensorflow.py turn them into their framework's inputs.
+normalization, the size of the synthetic image pool, the class check of an ImageFolder tree and
+the length of MNIST-1D's signals (mnist1d.py makes them). data_torch.py and data_tensorflow.py
+turn them into their framework's inputs.
 """
 
 import numpy as np
@@ -9,6 +10,7 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 DIGITS_SPLIT_SEED = 0  # the split is part of the data set, not of a run's randomness
 SYNTHETIC_POOL = 64  # distinct random images; synthetic samples repeat them
+MNIST1D_LENGTH = 40  # values per MNIST-1D signal: the mnist1d package's default final_seq_length
 
 
 def digits_split(val_size):

@@ -16,6 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvdtrain.tasks.data import IMAGENET_MEAN, IMAGENET_STD, SYNTHETIC_POOL, check_classes, digits_split
+from hvdtrain.tasks.mnist1d import mnist1d_split
 
 # What torchvision's ImageFolder takes, and the part of it TensorFlow can decode.
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -27,9 +28,9 @@ CROP_AREA, CROP_ASPECT_RATIO, CROP_ATTEMPTS = (0.08, 1.0), (3 / 4, 4 / 3), 10
 def build_datasets(data_cfg, num_classes, seed):
     """(training set, validation set) for the data config."""
     if data_cfg.source == "digits":
-        train_images, train_labels, val_images, val_labels = digits_split(data_cfg.val_size)
-        return (SamplesInMemory(train_images[..., None], train_labels, len(train_labels)),
-                SamplesInMemory(val_images[..., None], val_labels, len(val_labels)))
+        return _in_memory(*digits_split(data_cfg.val_size))
+    if data_cfg.source == "mnist1d":
+        return _in_memory(*mnist1d_split(data_cfg))
     if data_cfg.source == "synthetic":
         shape = (data_cfg.image_size, data_cfg.image_size, 3)
         return (_synthetic(data_cfg.train_size, shape, num_classes, seed),
@@ -83,6 +84,13 @@ class ImageFolder:
         image = tf.io.decode_image(tf.io.read_file(path), channels=3, expand_animations=False)
         image = self.transform(image, seed) / 255.0
         return (image - IMAGENET_MEAN) / IMAGENET_STD, label
+
+
+def _in_memory(train_inputs, train_labels, val_inputs, val_labels):
+    """Training and validation sets of arrays; the inputs get one channel, last (8 x 8 x 1 digits,
+    40 x 1 signals)."""
+    return (SamplesInMemory(train_inputs[..., None], train_labels, len(train_labels)),
+            SamplesInMemory(val_inputs[..., None], val_labels, len(val_labels)))
 
 
 def _synthetic(size, shape, num_classes, seed):

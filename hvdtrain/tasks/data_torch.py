@@ -13,12 +13,15 @@ from torch.utils.data import Dataset
 from torchvision import transforms
 
 from hvdtrain.tasks.data import IMAGENET_MEAN, IMAGENET_STD, SYNTHETIC_POOL, check_classes, digits_split
+from hvdtrain.tasks.mnist1d import mnist1d_split
 
 
 def build_datasets(data_cfg, num_classes, seed):
     """(training set, validation set) for the data config."""
     if data_cfg.source == "digits":
-        return _digits(data_cfg.val_size)
+        return _in_memory(*digits_split(data_cfg.val_size))
+    if data_cfg.source == "mnist1d":
+        return _in_memory(*mnist1d_split(data_cfg))
     if data_cfg.source == "synthetic":
         shape = (3, data_cfg.image_size, data_cfg.image_size)
         return (SyntheticImages(data_cfg.train_size, shape, num_classes, seed),
@@ -71,8 +74,10 @@ class SeededImageFolder(torchvision.datasets.ImageFolder):
             return super().__getitem__(index)
 
 
-def _digits(val_size):
-    train_images, train_labels, val_images, val_labels = map(torch.from_numpy, digits_split(val_size))
-    # N x 1 x 8 x 8: PyTorch puts the channels first
-    return (TensorSamples(train_images.unsqueeze(1), train_labels),
-            TensorSamples(val_images.unsqueeze(1), val_labels))
+def _in_memory(train_inputs, train_labels, val_inputs, val_labels):
+    """Training and validation sets of arrays; the inputs get one channel, first as PyTorch wants it
+    (N x 1 x 8 x 8 digits, N x 1 x 40 signals)."""
+    train_inputs, train_labels, val_inputs, val_labels = map(
+        torch.from_numpy, (train_inputs, train_labels, val_inputs, val_labels))
+    return (TensorSamples(train_inputs.unsqueeze(1), train_labels),
+            TensorSamples(val_inputs.unsqueeze(1), val_labels))

@@ -1,9 +1,9 @@
 """The models of the catalog (tasks/__init__.py), built with Keras for TensorFlow.
 
-The image models are Keras applications without pretrained weights; the digits models have the
-layers of their PyTorch twins (models_torch.py), channels last, and their layers with weights
-named, for checkpoints key the weights by their path (digits_cnn/conv1/kernel). Every model
-returns logits.
+The image models are Keras applications without pretrained weights; the digits and MNIST-1D
+models have the layers of their PyTorch twins (models_torch.py), channels last, and their layers
+with weights named, for checkpoints key the weights by their path (digits_cnn/conv1/kernel).
+Every model returns logits.
 """
 
 import re
@@ -11,7 +11,11 @@ import re
 import keras
 from keras import layers
 
+from hvdtrain.tasks import MNIST1D_CNN_CHANNELS, MNIST1D_MLP_HIDDEN
+from hvdtrain.tasks.data import MNIST1D_LENGTH
+
 DIGITS_SHAPE = (8, 8, 1)
+MNIST1D_SHAPE = (MNIST1D_LENGTH, 1)
 
 
 def build_model(model_cfg, image_size):
@@ -65,6 +69,25 @@ def _digits_mlp(model_cfg, _input_shape):
     ], name="digits_mlp")
 
 
+def _mnist1d_cnn(model_cfg, _input_shape):
+    def convolution(kernel_size, name):
+        # PyTorch's padding=1 at both ends, which none of Keras's paddings is
+        return [layers.ZeroPadding1D(1),
+                layers.Conv1D(MNIST1D_CNN_CHANNELS, kernel_size, strides=2, activation="relu", name=name)]
+
+    return keras.Sequential([
+        keras.Input(MNIST1D_SHAPE), *convolution(5, "conv1"), *convolution(3, "conv2"), *convolution(3, "conv3"),
+        layers.Flatten(), layers.Dense(model_cfg.num_classes, name="classifier"),
+    ], name="mnist1d_cnn")
+
+
+def _mnist1d_mlp(model_cfg, _input_shape):
+    signals = keras.Input(MNIST1D_SHAPE)
+    hidden = layers.Dense(MNIST1D_MLP_HIDDEN, activation="relu", name="hidden1")(layers.Flatten()(signals))
+    hidden = layers.Add()([hidden, layers.Dense(MNIST1D_MLP_HIDDEN, activation="relu", name="hidden2")(hidden)])
+    return keras.Model(signals, layers.Dense(model_cfg.num_classes, name="classifier")(hidden), name="mnist1d_mlp")
+
+
 _BUILDERS = {
     "resnet50": _resnet(keras.applications.ResNet50),
     "resnet101": _resnet(keras.applications.ResNet101),
@@ -73,4 +96,6 @@ _BUILDERS = {
     "inception_v3": _application(keras.applications.InceptionV3),  # Keras's has no auxiliary classifier
     "digits_cnn": _digits_cnn,
     "digits_mlp": _digits_mlp,
+    "mnist1d_cnn": _mnist1d_cnn,
+    "mnist1d_mlp": _mnist1d_mlp,
 }

@@ -29,14 +29,20 @@ def path_for(directory, global_step):
 
 def write_atomically(path, data):
     """Write `data` to `path` so that a reader sees the old file or the whole new one, never a
-    part: a temporary file is written and synced, then renamed over `path`."""
+    part: a temporary file is written and synced, then renamed over `path`. The temporary file is
+    this process's own, so that processes writing the same file at once (two runs making one
+    data cache) do not write into each other's."""
     path = Path(path)
-    temporary = path.with_name(f".{path.name}.tmp")
-    with open(temporary, "wb") as file:
-        file.write(data)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(temporary, path)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(temporary, "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
     directory = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(directory)  # makes the rename itself durable

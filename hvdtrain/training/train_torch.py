@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader
 
 import hvdtrain.torch as hvd
 from hvdtrain.training import loop, sharding
+from hvdtrain.training.lars import LARS
 from hvdtrain.runner.cluster import job_hosts
 from hvdtrain.runner.config import autocast_precision
 from hvdtrain.runner.plan import make_plan
@@ -42,10 +43,8 @@ def train(cfg, run_dir, device):
     model = build_model(cfg.model).to(target)
     if cfg.train.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    optimizer = torch.optim.SGD(_parameter_groups(model, cfg.optimizer), lr=plan.base_lr,
-                                momentum=cfg.optimizer.momentum, nesterov=cfg.optimizer.nesterov,
-                                weight_decay=cfg.optimizer.weight_decay)
-    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+    optimizer = hvd.DistributedOptimizer(_build_optimizer(model, cfg.optimizer, plan.base_lr),
+                                         named_parameters=model.named_parameters(),
                                          backward_passes_per_step=passes, op=hvd.Average)
     scaler = torch.amp.GradScaler(target.type, enabled=precision == "fp16")  # fp16 is CUDA's only (devices.py)
     train_batches = EpochBatches(cfg.train.batch_size)
@@ -177,24 +176,42 @@ def _decode(data):
     return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
 
 
+def _build_optimizer(model, optimizer_cfg, lr):
+    """The optimizer.name of the recipe: torch's SGD, or LARS (lars.py) on top of the same momentum
+    SGD, over the model's parameter groups."""
+    options = dict(lr=lr, momentum=optimizer_cfg.momentum, nesterov=optimizer_cfg.nesterov,
+                   weight_decay=optimizer_cfg.weight_decay)
+    groups = _parameter_groups(model, optimizer_cfg)
+    if optimizer_cfg.name == "lars":
+        return LARS(groups, trust_coefficient=optimizer_cfg.trust_coefficient, **options)
+    return torch.optim.SGD(groups, **options)
+
+
 def _parameter_groups(model, optimizer_cfg):
-    """Weight decay on every parameter except, as the recipe asks, BatchNorm's gamma and beta
-    ("bn") and the biases of other layers ("bias")."""
-    excluded = set(optimizer_cfg.exclude_from_weight_decay)
+    """The parameters grouped by what the recipe excludes them from: weight decay
+    (optimizer.exclude_from_weight_decay) and LARS's layer-wise adaptation
+    (optimizer.exclude_from_adaptation), each a list of kinds: BatchNorm's gamma and beta ("bn"),
+    the biases of other layers ("bias")."""
+    no_decay, no_adaptation = set(optimizer_cfg.exclude_from_weight_decay), set(optimizer_cfg.exclude_from_adaptation)
     batch_norm = {id(p) for module in model.modules() if isinstance(module, torch.nn.modules.batchnorm._BatchNorm)
                   for p in module.parameters(recurse=False)}
-    decayed, not_decayed = [], []
+    groups = {}
     for name, p in model.named_parameters():
         kind = "bn" if id(p) in batch_norm else "bias" if name.endswith("bias") else "weight"
-        (not_decayed if kind in excluded else decayed).append(p)
-    groups = [{"params": decayed}, {"params": not_decayed, "weight_decay": 0.0}]
-    return [group for group in groups if group["params"]]
+        exclusions = {}
+        if kind in no_decay:
+            exclusions["weight_decay"] = 0.0
+        if kind in no_adaptation:
+            exclusions["layer_adaptation"] = False
+        groups.setdefault(tuple(exclusions.items()), []).append(p)
+    return [{"params": params, **dict(exclusions)} for exclusions, params in groups.items()]
 
 
 def _set_learning_rate(optimizer, lr, momentum_correction):
-    """PyTorch's SGD keeps the LR out of the momentum buffer (v <- m v + g; w <- w - lr v), which is
-    Goyal et al.'s momentum correction built in. Without the correction the buffer behaves as in
-    the form v <- m v + lr g, which after an LR change still carries the old LR: rescale it so."""
+    """PyTorch's SGD, and LARS as lars.py writes it, keep the LR out of the momentum buffer
+    (v <- m v + g; w <- w - lr v), which is Goyal et al.'s momentum correction built in. Without the
+    correction the buffer behaves as in the form v <- m v + lr g, which after an LR change still
+    carries the old LR: rescale it so."""
     for group in optimizer.param_groups:
         if not momentum_correction and group["lr"] != lr:
             for p in group["params"]:

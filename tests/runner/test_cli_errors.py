@@ -12,7 +12,7 @@ from hvdtrain.runner.config import RECIPES_DIR
 from runner.support import run_hvdtrain
 
 OPTIMIZER_KEYS = ("name, base_lr, base_batch_size, momentum, nesterov, weight_decay, exclude_from_weight_decay, "
-                  "momentum_correction")
+                  "momentum_correction, trust_coefficient, exclude_from_adaptation")
 TRAIN_KEYS = ", ".join(f"train.{key}" for key in (
     "epochs", "batch_size", "backward_passes_per_step", "autocast", "device", "channels_last", "cudnn_benchmark",
     "seed", "log_every_steps", "eval_every_epochs", "checkpoint_every_steps", "keep_checkpoints"))
@@ -34,7 +34,11 @@ ONE_LINE_ERRORS = {
     "unknown layout": (["cluster=3x3x"], "cluster='3x3x': unknown cluster; allowed: 1x1, 1x2, 1x4, 1x8, 2x4, 2x8, "
                                          "4x4, 4x8, 8x8, 16x8, 32x4, 32x8, local"),
     "unknown model": (["model=resnet9000"], "model='resnet9000': unknown model; allowed: digits_cnn, digits_mlp, "
-                                            "inception_v3, resnet50, resnet101, resnet152, vgg16"),
+                                            "inception_v3, mnist1d_cnn, mnist1d_mlp, resnet50, resnet101, resnet152, "
+                                            "vgg16"),
+    "LARS without a positive trust coefficient": (["optimizer=lars", "optimizer.trust_coefficient=-1"],
+                                                  "optimizer.trust_coefficient=-1.0: must be a positive number "
+                                                  "(LARS's eta, e.g. 0.001)"),
     "unparsable override": (["train.epochs=[1,"], "train.epochs=[1,: cannot be read as an override: no viable "
                                                   "alternative at input '[1,' See https://hydra.cc/docs/1.2/advanced/"
                                                   "override_grammar/basic for details"),

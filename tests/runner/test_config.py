@@ -4,6 +4,7 @@ clear message before anything launches."""
 import io
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -113,8 +114,8 @@ def test_a_data_set_smaller_than_one_global_batch_is_refused():
     cfg = compose("train.batch_size=1000")
     with pytest.raises(ConfigError) as error:
         make_plan(cfg, cluster.resolve_hosts(cfg.cluster), CPU)
-    assert str(error.value) == ("invalid config: data.train_size=1437: fewer training samples than one global batch "
-                                "(2000 = 2 ranks x train.batch_size=1000 x train.backward_passes_per_step=1)")
+    assert str(error.value) == ("invalid config: data.train_size=1437: 1437 training samples, fewer than one global "
+                                "batch (2000 = 2 ranks x train.batch_size=1000 x train.backward_passes_per_step=1)")
 
 
 def test_dry_run_takes_the_hosts_of_a_slurm_allocation(image_tree):
@@ -176,6 +177,57 @@ def test_the_workers_draw_a_progress_bar_only_where_the_command_writes_to_a_term
     monkeypatch.setenv("HVDTRAIN_PROGRESS_BAR", "0")  # the user's choice stands
     _, environment = cli._launch_plan(compose(), tmp_path)
     assert environment["HVDTRAIN_PROGRESS_BAR"] == "0"
+
+
+MNIST1D = ["recipe=mnist1d"]
+REFUSED = {
+    "no samples": (MNIST1D + ["data.num_samples=0"], "data.num_samples=0: must be a positive multiple of 10 (the "
+                                                     "package makes data.num_samples / 10 samples of each digit)"),
+    "samples not a multiple of 10": (MNIST1D + ["data.num_samples=1005"], "data.num_samples=1005: must be a positive "
+                                                                         "multiple of 10"),
+    "a seed NumPy refuses": (MNIST1D + ["data.seed=-1"], "data.seed=-1: must be in [0, 2**32)"),
+    "a size of mnist1d's split": (MNIST1D + ["data.train_size=100"], "data.train_size=100: mnist1d's split follows "
+                                                                     "data.num_samples (80 % for training)"),
+    "mnist1d without a cache": (MNIST1D + ["data.cache_dir=null"], "data.cache_dir=None: data.source=mnist1d needs it"),
+    "an mnist1d key with other data": (["data.seed=3"], "data.seed=3: applies to data.source=mnist1d only"),
+    "an mnist1d model with digits": (["model=mnist1d_cnn"], "data.source='digits': gives digits inputs but model "
+                                                            "mnist1d_cnn takes signal inputs; data sources for it: "
+                                                            "mnist1d"),
+    "a digits model with mnist1d": (MNIST1D + ["model=digits_mlp"], "data.source='mnist1d': gives signal inputs but "
+                                                                    "model digits_mlp takes digits inputs"),
+    "other classes": (MNIST1D + ["model.num_classes=5"], "model.num_classes=5: the mnist1d data set has 10 classes"),
+    "an unknown optimizer": (["optimizer.name=adam"], "optimizer.name='adam': allowed: sgd, lars"),
+    "LARS without a trust coefficient": (["optimizer=lars", "optimizer.trust_coefficient=null"],
+                                         "optimizer.trust_coefficient=None: must be a positive number"),
+    "LARS with tensorflow": (["optimizer=lars", "recipe.framework=tensorflow"],
+                             "optimizer.name='lars': LARS is implemented for recipe.framework=torch only"),
+    "a LARS key with SGD": (["optimizer.trust_coefficient=0.001"],
+                            "optimizer.trust_coefficient=0.001: applies to optimizer=lars only"),
+    "an adaptation exclusion with SGD": (["optimizer.exclude_from_adaptation=[bn]"],
+                                         "optimizer.exclude_from_adaptation=['bn']: applies to optimizer=lars only"),
+    "an unknown kind of parameter": (["optimizer=lars", "optimizer.exclude_from_adaptation=[norm]"],
+                                     "optimizer.exclude_from_adaptation=['norm']: allowed entries: bn, bias"),
+}
+
+
+@pytest.mark.parametrize("case", REFUSED)
+def test_mnist1d_and_lars_values_that_cannot_run_are_refused_with_the_key(case):
+    overrides, problem = REFUSED[case]
+    with pytest.raises(ConfigError) as error:
+        validate(compose(*overrides))
+    assert str(error.value).startswith(f"invalid config: {problem}") and "\n" not in str(error.value)
+
+
+def test_lars_and_mnist1d_compose_with_their_defaults():
+    assert compose("recipe=mnist1d").data.num_samples == 5000  # the paper's data set
+    cfg = compose("data=mnist1d", "model=mnist1d_mlp", "optimizer=lars")
+    validate(cfg)
+    assert (cfg.data.source, cfg.data.num_samples, cfg.data.seed, cfg.model.name) == ("mnist1d", 100000, 42,
+                                                                                      "mnist1d_mlp")
+    assert cfg.data.cache_dir == str(Path.cwd() / "runs" / ".cache")  # beside the runs of the directory it started in
+    assert (cfg.optimizer.name, cfg.optimizer.trust_coefficient) == ("lars", 0.001)
+    assert list(cfg.optimizer.exclude_from_adaptation) == ["bn", "bias"]
+    assert list(cfg.optimizer.exclude_from_weight_decay) == ["bn", "bias"]
 
 
 def test_validation_lists_every_problem_at_once():
