@@ -44,9 +44,9 @@ def cupy():
 
 def nccl():
     """cupy.cuda.nccl with its library loaded; raises DeviceSupportMissing otherwise."""
-    from cupy.cuda import nccl as module  # noqa: the cupy() call below says why when this fails
+    cupy()  # a missing CuPy is refused naming the extra, before its submodule is imported
+    from cupy.cuda import nccl as module
 
-    cupy()
     if not module.available:
         raise DeviceSupportMissing(f"hvdtrain: CuPy cannot load the NCCL library; {INSTALL_HINT}, "
                                    "or set HOROVOD_GPU_OPERATIONS=MPI to stage GPU buffers through host memory")
@@ -98,12 +98,10 @@ def check_libraries():
     where CuPy is not installed or no framework uses CUDA."""
     described = {name: describe() for name, describe in _frameworks.items()}
     described = {name: versions for name, versions in described.items() if versions is not None}
-    if not described or not installed() or _import_cupy()[0] is None:
+    if not described or not cuda_built():
         return
-    cupy_module = _import_cupy()[0]
-    cupy_cuda = cupy_module.cuda.runtime.runtimeGetVersion()
-    cupy_nccl = nccl_built()
-    problem = library_mismatch(described, cupy_cuda, cupy_nccl, loaded_libraries("nccl"))
+    problem = library_mismatch(described, cupy().cuda.runtime.runtimeGetVersion(), nccl_built(),
+                               loaded_libraries("nccl"))
     if problem:
         raise HorovodInternalError(f"hvdtrain: {problem}")
 
@@ -194,9 +192,8 @@ def current_stream(device):
 
 
 class DoneEvent:
-    """The completion of a step on the engine's stream: the caller's stream waits for it
-    (wait_on), the host only where it asks (synchronize). Not pooled: callers may wait on it
-    at any later time."""
+    """The completion of a step on the engine's stream, which the caller's stream waits for
+    (wait_on). Not pooled: callers may wait on it at any later time."""
 
     __slots__ = ("ptr", "device")
 
@@ -212,9 +209,6 @@ class DoneEvent:
     @property
     def done(self):
         return cupy().cuda.runtime.eventQuery(self.ptr) == 0
-
-    def synchronize(self):
-        cupy().cuda.runtime.eventSynchronize(self.ptr)
 
     def __del__(self):
         module, _ = _import_cupy()

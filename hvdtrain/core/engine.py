@@ -37,6 +37,7 @@ _WANTS_ROUND, _JOINED, _SHUTDOWN = 1, 2, 4
 _FLAG_MASK = 7
 
 IDLE_WAIT_S = 0.01
+DEVICE_CHECK_INTERVAL_S = 0.1  # how often device work in flight is asked for an asynchronous error
 SHUT_DOWN_MESSAGE = (
     "Horovod has been shut down. This was caused by a rank calling shutdown() or exiting, an "
     "exception on one of the ranks, or an attempt to run a collective after one of the ranks "
@@ -446,7 +447,7 @@ class Engine:
         """Fail everything with the error of a device backend whose work failed on the device
         (NCCL's asynchronous errors: a peer gone, a network failure)."""
         now = time.perf_counter()
-        if now - self._device_checked_at < 0.1:
+        if now - self._device_checked_at < DEVICE_CHECK_INTERVAL_S:
             return
         self._device_checked_at = now
         try:
@@ -467,13 +468,14 @@ class Engine:
         region; the regions come from the agreed requests alone, so that every rank (a joined
         one too, which reduces zeros) makes the same transport calls."""
         responses, groups = batch.responses, batch.regions
-        entries = [self._local_entry(response) for response in responses]
+        entries = [self._local_entry(response) for response in responses]  # None where this rank joined
+        submitted = [entry for entry in entries if entry is not None]
         try:
             backend = self._backend(batch.device, ALLREDUCE)
         except HorovodInternalError as error:  # agreed by every rank (nccl_backend.agree_to_start)
-            self._finish_all([entry for entry in entries if entry is not None], error=error)
+            self._finish_all(submitted, error=error)
             return
-        backend.start([entry for entry in entries if entry is not None])
+        backend.start(submitted)
         sources, destinations = [], []
         for group in groups:
             first, last = responses[group[0]].request, responses[group[-1]].request
@@ -503,14 +505,13 @@ class Engine:
                             timeline.span(ALLREDUCE, entries[i].name, phase, start, end)
 
         backend.allreduce(sources, destinations, batch.op, batch.prescale, batch.postscale, record)
-        entries = [entry for entry in entries if entry is not None]
-        done = backend.finish(entries)
+        done = backend.finish(submitted)
         finished = time.perf_counter()
         if timeline is not None:
-            for entry in entries:
+            for entry in submitted:
                 self._record_lifetime(timeline, entry, ALLREDUCE, ready_at, started, finished)
             timeline.flush()
-        self._finish_all(entries, done)
+        self._finish_all(submitted, done)
 
     def _run_single(self, response, ready_at):
         entry = self._local_entry(response)

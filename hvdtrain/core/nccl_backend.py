@@ -31,7 +31,6 @@ NCCL_OPS = {ReduceOp.SUM: 0, ReduceOp.PRODUCT: 1, ReduceOp.MAX: 2, ReduceOp.MIN:
 NCCL_AVG = 4  # NCCL >= 2.10: the sum divided by the number of ranks, in the reduction itself
 
 UNSPLIT = 1 << 62  # NCCL pipelines large buffers itself: a tensor is one call, however large
-CHECK_INTERVAL_S = 0.1  # how often in-flight work is asked for an asynchronous NCCL error
 
 # One launch copies many (destination, source, bytes) rows: the fusion buffer's packing and
 # unpacking, which would otherwise cost a launch per tensor. Rows aligned to 16 bytes move
@@ -155,14 +154,13 @@ class _DeviceStream:
         done = cuda.DoneEvent(self.device, self.stream.ptr)
         self._in_flight.append((done, (entries, self._step_buffers)))
         self._step_buffers = []
-        while self._in_flight and self._in_flight[0][0].done:
-            self._in_flight.popleft()
+        self.pending()
         return done
 
-    def keep(self, *buffers):
-        """Keep temporaries of this step alive until its work is done."""
-        self._step_buffers.extend(buffers)
-        return buffers[0]
+    def keep(self, buffer):
+        """Keep a temporary of this step alive until its work is done."""
+        self._step_buffers.append(buffer)
+        return buffer
 
     def allocate(self, entry, shape, dtype):
         """The output of `entry`: from the caller's allocator (default: CuPy's pool, on the
@@ -184,7 +182,16 @@ class _DeviceStream:
         return self.keep(self.cp.zeros(elements, dtype))
 
     def pending(self):
+        """Whether work handed to the device has not completed; lets go of what has."""
+        while self._in_flight and self._in_flight[0][0].done:
+            self._in_flight.popleft()
         return bool(self._in_flight)
+
+    def check(self):
+        pass
+
+    def close(self):
+        self._in_flight.clear()
 
 
 class NcclBackend(_DeviceStream):
@@ -211,7 +218,6 @@ class NcclBackend(_DeviceStream):
         self._fusion = self.cp.empty(0, np.uint8)
         self._copy_kernel = None
         self._copy_tables = {}
-        self._checked_at = 0.0
 
     # ------------------------------------------------------------------ allreduce
 
@@ -224,16 +230,16 @@ class NcclBackend(_DeviceStream):
         plan = allreduce_steps([d.size for d in destinations], dtype.itemsize, self.settings)
         # Every pack of the batch gets its own window of the fusion buffer: they are all in
         # flight in one NCCL group.
-        packed = self._fusion_buffer(sum(step.elements for step in plan if isinstance(step, Pack)) * dtype.itemsize)
-        packed_at = 0
+        fusion = self._fusion_buffer(sum(step.elements for step in plan if isinstance(step, Pack)) * dtype.itemsize)
+        window_at = 0
         calls = []  # (send pointer, receive pointer, elements) of the grouped NCCL calls
         windows = []  # (window, indices) of the packs, to scale and unpack afterwards
         started = time.perf_counter() if record else 0.0
         for step in plan:
             if isinstance(step, Pack):
-                window = packed[packed_at:packed_at + step.elements * dtype.itemsize].view(dtype)
-                packed_at += step.elements * dtype.itemsize
-                self._batched_copy([(window, sources[i]) for i in step.indices])
+                window = fusion[window_at:window_at + step.elements * dtype.itemsize].view(dtype)
+                window_at += step.elements * dtype.itemsize
+                self._copy_through_window(window, [sources[i] for i in step.indices], into_window=True)
                 if prescale != 1.0:
                     scale_on_device(cp, window, prescale)
                 calls.append((window.data.ptr, window.data.ptr, window.size))
@@ -254,7 +260,7 @@ class NcclBackend(_DeviceStream):
         for window, indices in windows:
             if postscale != 1.0:
                 scale_on_device(cp, window, postscale)
-            self._batched_copy([(destinations[i], window) for i in indices], unpack=True)
+            self._copy_through_window(window, [destinations[i] for i in indices], into_window=False)
         if postscale != 1.0:
             packed = {i for _, indices in windows for i in indices}
             for i, destination in enumerate(destinations):
@@ -282,18 +288,14 @@ class NcclBackend(_DeviceStream):
             self._fusion = self.cp.empty(nbytes, np.uint8)
         return self._fusion
 
-    def _batched_copy(self, pairs, unpack=False):
-        """Copy whole arrays: pairs of (destination, source); with `unpack`, the sources are one
-        window that the destinations take consecutive parts of; else the destination is one
-        window that the sources fill in order."""
-        rows, offset = [], 0
-        for destination, source in pairs:
-            nbytes = (destination if unpack else source).nbytes
-            if unpack:
-                rows.append((destination.data.ptr, source.data.ptr + offset, nbytes))
-            else:
-                rows.append((destination.data.ptr + offset, source.data.ptr, nbytes))
-            offset += nbytes
+    def _copy_through_window(self, window, arrays, into_window):
+        """Copy whole `arrays` into consecutive parts of `window` (packing) or out of them
+        (unpacking), all in one launch."""
+        rows, at = [], window.data.ptr
+        for array in arrays:
+            ptr = array.data.ptr
+            rows.append((at, ptr, array.nbytes) if into_window else (ptr, at, array.nbytes))
+            at += array.nbytes
         key = tuple(rows)
         table = self._copy_tables.get(key)
         if table is None:
@@ -392,9 +394,8 @@ class NcclBackend(_DeviceStream):
     def check(self):
         """Ask NCCL for an asynchronous error (a peer gone, a network failure) while work is in
         flight; on one, abort the communicator, which ends its kernels, and raise."""
-        if not self.pending() or time.perf_counter() - self._checked_at < CHECK_INTERVAL_S:
+        if not self.pending():  # the engine asks every DEVICE_CHECK_INTERVAL_S at most
             return
-        self._checked_at = time.perf_counter()
         try:
             self._nccl.check_async_error()
         except cuda.nccl().NcclError as error:

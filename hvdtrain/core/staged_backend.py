@@ -83,9 +83,3 @@ class HostStagedBackend(_DeviceStream):
         output = self.allocate(entry, share.shape, share.dtype)
         self._upload(self.keep(share), output)
         return output
-
-    def check(self):
-        pass
-
-    def close(self):
-        self._in_flight.clear()

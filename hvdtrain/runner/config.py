@@ -11,9 +11,7 @@ import dataclasses
 import difflib
 import hashlib
 import importlib.util
-import os
 import sys
-import tempfile
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -272,17 +270,16 @@ def claim_run_dir(cfg, run_dir):
 
 
 def _update_saved_config(path, values):
-    """Set `values` (dotted keys) in the config.yaml at `path`, replaced atomically through a
-    temporary file of its own, and only where something changes."""
+    """Set `values` (dotted keys) in the config.yaml at `path`, replaced atomically, and only
+    where something changes."""
+    from hvdtrain.training.checkpoint import write_atomically  # which imports this module
+
     saved = OmegaConf.load(path)
     if all(OmegaConf.select(saved, key) == value for key, value in values.items()):
         return
     for key, value in values.items():
         OmegaConf.update(saved, key, value)
-    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(descriptor, "w") as file:
-        file.write(OmegaConf.to_yaml(saved))
-    os.replace(temporary, path)
+    write_atomically(path, OmegaConf.to_yaml(saved).encode())
 
 
 def autocast_precision(cfg, device_kind):

@@ -69,9 +69,7 @@ def _torch_dtype(numpy_dtype):
 
 
 def _tensor(array):
-    """The torch tensor over a NumPy array's memory, or the tensor a device result was made in."""
-    if isinstance(array, torch.Tensor):
-        return array
+    """The torch tensor over a NumPy array's memory."""
     if array.dtype.name == "bfloat16":
         return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(array)
@@ -94,7 +92,11 @@ core.cuda.declare_framework("torch", _cuda_build)
 
 def _stream(tensor):
     """What the core needs of the caller's stream: the current CUDA stream of the tensor's device."""
-    return torch.cuda.current_stream(tensor.device).cuda_stream if tensor.is_cuda else None
+    return _current_stream(tensor.device) if tensor.is_cuda else None
+
+
+def _current_stream(device):
+    return torch.cuda.current_stream(device).cuda_stream
 
 
 class _TorchOutput:
@@ -155,10 +157,6 @@ def poll(handle):
     """True once the asynchronous operation of `handle` has finished."""
     core_handles, _ = _handle_map[handle]
     return all(h.poll() for h in core_handles)
-
-
-def _current_stream(device_index):
-    return torch.cuda.current_stream(device_index).cuda_stream
 
 
 def synchronize(handle):

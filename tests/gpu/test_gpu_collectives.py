@@ -7,18 +7,11 @@ final values, with no host synchronisation in between."""
 import pytest
 import torch
 
-# Several ranks share the one GPU of a test machine: NCCL refuses that, so they stage through
-# host memory (HOROVOD_GPU_OPERATIONS=MPI), the path for machines without NCCL.
-SHARED_GPU = {"HOROVOD_GPU_OPERATIONS": "MPI"}
+from gpu.support import SHARED_GPU, gpu_of_local_rank
+
 
 FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 INTEGERS = [torch.uint8, torch.int32, torch.int64]
-
-
-def _device(hvd):
-    device = torch.device("cuda", hvd.local_rank() % torch.cuda.device_count())
-    torch.cuda.set_device(device)
-    return device
 
 
 def _data(rank, shape, dtype, device, salt=0):
@@ -38,7 +31,7 @@ def ranks_collectives():
     import hvdtrain.torch as hvd
 
     hvd.init()
-    device, n, r = _device(hvd), hvd.size(), hvd.rank()
+    device, n, r = gpu_of_local_rank(hvd), hvd.size(), hvd.rank()
     everyone = range(n)
     for dtype in FLOATS + INTEGERS:
         for shape in [(), (7,), (3, 4, 5), (0, 3)]:
@@ -100,7 +93,7 @@ def ranks_ordering():
     import hvdtrain.torch as hvd
 
     hvd.init()
-    device, n, r = _device(hvd), hvd.size(), hvd.rank()
+    device, n, r = gpu_of_local_rank(hvd), hvd.size(), hvd.rank()
     for attempt in range(3):
         x = torch.zeros(1 << 22, device=device)
         torch.cuda._sleep(200_000_000)  # keeps the current stream busy for a while (~0.1 s)
@@ -131,7 +124,7 @@ def ranks_sharing_a_gpu_on_nccl():
     import hvdtrain.torch as hvd
 
     hvd.init()
-    _device(hvd)
+    gpu_of_local_rank(hvd)
     try:
         hvd.allreduce(torch.ones(3, device="cuda"), name="shared")
     except hvd.HorovodInternalError as error:

@@ -6,14 +6,9 @@ on the device."""
 import pytest
 import torch
 
-SHARED_GPU = {"HOROVOD_GPU_OPERATIONS": "MPI"}  # ranks that share the test machine's one GPU
+from gpu.support import SHARED_GPU, gpu_of_local_rank
+
 STEPS, PER_RANK = 4, 6
-
-
-def _device(hvd):
-    device = torch.device("cuda", hvd.local_rank() % torch.cuda.device_count())
-    torch.cuda.set_device(device)
-    return device
 
 
 def _model(device, dtype=torch.float64):
@@ -59,7 +54,7 @@ def ranks_equivalence():
     import hvdtrain.torch as hvd
 
     hvd.init()
-    device, n, r = _device(hvd), hvd.size(), hvd.rank()
+    device, n, r = gpu_of_local_rank(hvd), hvd.size(), hvd.rank()
 
     def my_part(x, y, p):
         start = p * n * PER_RANK + r * PER_RANK
@@ -101,7 +96,7 @@ def ranks_sync_batch_norm():
     import hvdtrain.torch as hvd
 
     hvd.init()
-    device, n, r = _device(hvd), hvd.size(), hvd.rank()
+    device, n, r = gpu_of_local_rank(hvd), hvd.size(), hvd.rank()
     torch.manual_seed(3)
     whole = torch.randn(4 * n, 5, 6, 6, dtype=torch.float64, device=device, requires_grad=True)
     reference = torch.nn.BatchNorm2d(5).to(device, torch.float64)
