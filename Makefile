@@ -3,7 +3,7 @@ VENV   := .venv
 PYTHON := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: run test bench clean-venv
+.PHONY: run test bench study calibrate clean-venv
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PYTHON) || python3 -m venv $(VENV)
@@ -18,6 +18,15 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PYTHON) scripts/run_benchmarks.py
+
+# The Goyal et al. study on MNIST-1D (about an hour on 2 cores): studies/goyal_mnist1d/
+study: $(STAMP)
+	$(PYTHON) scripts/goyal_study.py
+
+# The scaling model calibrated on network-namespace hosts of this machine (root, ip, tc; about
+# 10 minutes on 2 quiet cores): studies/scaling_calibration/calibration.json
+calibrate: $(STAMP)
+	$(PYTHON) scripts/calibrate_scaling.py
 
 clean-venv:
 	rm -rf $(VENV)

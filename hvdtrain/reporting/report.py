@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 
 from hvdtrain.reporting.run_log import read_history
+from hvdtrain.runner.plan import warmup_text
 from hvdtrain.training.checkpoint import write_atomically
 
 
@@ -75,7 +76,7 @@ def write_report(run_dir, cfg, plan, results):
         f"| global batch | {plan.global_batch_size} ({plan.per_worker_batch_size} per worker x "
         f"{plan.backward_passes_per_step} backward passes) |",
         f"| LR | {plan.base_lr:g} per {plan.base_batch_size} -> peak {plan.peak_lr:g}, "
-        f"warmup {plan.warmup_epochs:g} epochs, {cfg.schedule.decay} decay |",
+        f"{warmup_text(plan)}, {cfg.schedule.decay} decay |",
         f"| epochs | {results['epochs_completed']} of {results['epochs']} |",
         f"| trained | {throughput(results)} |",
         "",

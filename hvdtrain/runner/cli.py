@@ -21,7 +21,8 @@ from omegaconf import OmegaConf
 
 from hvdtrain.runner import cluster, devices, hydra_errors, launcher, recipes
 from hvdtrain.runner.config import (CONF_DIR, PROGRESS_BAR_VARIABLE, RESUMABLE_KEYS, ConfigError, claim_run_dir,
-                                    load_run_config, progress_bar_wanted, register_configs, validate)
+                                    load_run_config, progress_bar_wanted, register_configs, register_layouts,
+                                    validate)
 from hvdtrain.runner.plan import make_plan
 from hvdtrain.training import checkpoint
 from hvdtrain.training.lr_schedule import DECAYS_TO_THE_END
@@ -49,6 +50,7 @@ def _hydra_main():
         with hydra_errors.reported_as_config_errors():
             args = hydra_args_parser().parse_args()
             hydra_errors.refuse_unknown_keys(args.overrides, config_dir=args.config_dir)
+            register_layouts(args.overrides, config_dir=args.config_dir)
             _run_hydra_job()
     except ConfigError as error:
         print(f"hvdtrain: {error}", file=sys.stderr)
@@ -74,8 +76,17 @@ def run(cfg, run_dir):
             return
     validate(cfg)
     progress_bar_wanted(os.environ)  # refuses a bad value of the user's before anything launches
+    if cfg.profile:
+        from hvdtrain.runner import profiling  # torch: only for a profile
+
+        profiling.profile(cfg)
+        _remove_if_empty(run_dir)
+        return
     if cfg.dry_run:
-        print(json.dumps(_launch_plan(cfg, run_dir)[0].as_json()))
+        from hvdtrain.runner import prediction  # the model's gradient sizes need torch: only for a dry run
+
+        plan = _launch_plan(cfg, run_dir)[0]
+        print(json.dumps({**plan.as_json(), **prediction.predict(cfg, plan.device)}))
         _remove_if_empty(run_dir)
         return
     if cluster.inside_existing_job():

@@ -11,6 +11,7 @@ import dataclasses
 import difflib
 import hashlib
 import importlib.util
+import re
 import sys
 import typing
 from dataclasses import dataclass, field
@@ -20,6 +21,8 @@ from typing import Any, List, Optional
 from omegaconf import MISSING, OmegaConf
 
 from hvdtrain import tasks
+from hvdtrain.runner.scaling import NETWORK_STEP_LATENCY_US
+from hvdtrain.training.lr_schedule import WARMUPS
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
 CONF_DIR = PACKAGE_DIR / "conf"  # shipped inside the package, so that any install has the recipes
@@ -42,11 +45,34 @@ class TargetConfig:
 
 
 @dataclass
+class ReferenceThroughputConfig:
+    """A published training throughput of one device, from which the plan predicts scaling when
+    no profile (profile=true) has measured one. It holds for its model and per-worker batch only."""
+    samples_per_s: float = MISSING
+    model: str = MISSING  # model.name
+    batch_size: int = MISSING  # train.batch_size
+    device: str = MISSING  # what it was measured on, e.g. "NVIDIA Tesla P100"
+    source: str = MISSING
+
+
+@dataclass
 class RecipeConfig:
     name: str = MISSING
     framework: str = "torch"
     description: str = ""
     target: Optional[TargetConfig] = None
+    reference_throughput: Optional[ReferenceThroughputConfig] = None
+
+
+@dataclass
+class NetworkConfig:
+    """The links the plan predicts scaling with (scaling.py)."""
+    gbps: Optional[float] = None  # between hosts, Gbit/s; null: unknown
+    latency_us: Optional[float] = NETWORK_STEP_LATENCY_US  # between hosts, per ring step; null: unknown
+    # Between the ranks of one host; null: the device's usual link (scaling.WITHIN_HOST: PCIe 3.0
+    # x16 for GPUs, shared memory for CPU ranks).
+    within_gbps: Optional[float] = None
+    within_latency_us: Optional[float] = None
 
 
 @dataclass
@@ -57,6 +83,7 @@ class ClusterConfig:
     hosts: List[str] = field(default_factory=list)  # "name" or "name:slots"
     hostfile: Optional[str] = None
     mpirun_args: List[str] = field(default_factory=list)
+    network: NetworkConfig = field(default_factory=NetworkConfig)
 
 
 @dataclass
@@ -98,7 +125,8 @@ class OptimizerConfig:
 
 @dataclass
 class ScheduleConfig:
-    warmup_epochs: float = 0.0  # gradual, per iteration, from base_lr to the peak LR
+    warmup_epochs: float = 0.0
+    warmup: str = "gradual"  # gradual: per iteration from base_lr to the peak LR; constant: base_lr, then the peak; none
     decay: str = "constant"
     milestones: List[float] = field(default_factory=list)  # multistep: epochs where the LR is multiplied by gamma
     step_epochs: float = 30.0  # step: the LR is multiplied by gamma every step_epochs
@@ -140,6 +168,7 @@ class RunConfig:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     dry_run: bool = False
+    profile: bool = False  # measure one device's training step (profiling.py) for the plan's prediction
     resume: Optional[str] = None  # a run directory to continue
 
 
@@ -239,6 +268,35 @@ def register_configs():
     ConfigStore.instance().store(name="run_schema", node=RunConfig)
 
 
+LAYOUT = re.compile(r"(\d+)x(\d+)")  # cluster=HOSTSxSLOTS
+
+
+def register_layouts(overrides, config_dir=None):
+    """Put every layout `cluster=HOSTSxSLOTS` that `overrides` choose (a sweep's too) into Hydra's
+    ConfigStore, unless a file cluster/HOSTSxSLOTS.yaml has it (in hvdtrain/conf or Hydra's
+    --config-dir `config_dir`): any layout works without a file of its own. Zero hosts or slots
+    are registered all the same, for validate() to refuse by name."""
+    from hydra.core.config_store import ConfigStore
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import ValueType
+
+    for override in OverridesParser.create().parse_overrides(list(overrides)):
+        if override.key_or_group != "cluster":
+            continue
+        if override.value_type == ValueType.ELEMENT:
+            choices = [override.get_value_element_as_str()]
+        elif override.value_type in (ValueType.CHOICE_SWEEP, ValueType.SIMPLE_CHOICE_SWEEP):
+            choices = list(override.sweep_string_iterator())
+        else:
+            continue
+        for choice in choices:
+            layout = LAYOUT.fullmatch(choice)
+            files = [Path(folder) / "cluster" / f"{choice}.yaml" for folder in (CONF_DIR, config_dir) if folder]
+            if layout and not any(file.is_file() for file in files):
+                ConfigStore.instance().store(group="cluster", name=choice,
+                                             node={"num_hosts": int(layout[1]), "slots": int(layout[2])})
+
+
 def typed(config):
     """A plain config (a dict, or a loaded YAML) checked against and typed by the schema."""
     return OmegaConf.merge(OmegaConf.structured(RunConfig), config)
@@ -296,7 +354,7 @@ def autocast_precision(cfg, device_kind):
 def config_hash(cfg):
     """Identifies what a checkpoint was trained with: everything but where and how it was launched."""
     training = {key: value for key, value in OmegaConf.to_container(cfg, resolve=True).items()
-                if key not in ("cluster", "dry_run", "resume")}
+                if key not in ("cluster", "dry_run", "profile", "resume")}
     return hashlib.sha256(OmegaConf.to_yaml(OmegaConf.create(training)).encode()).hexdigest()[:16]
 
 
@@ -325,6 +383,17 @@ def validate(cfg):
 
     check(cfg.cluster.num_hosts >= 1, "cluster.num_hosts", "must be at least 1")
     check(cfg.cluster.slots >= 1, "cluster.slots", "must be at least 1 rank per host")
+    network = cfg.cluster.network
+    for key in ("gbps", "within_gbps"):
+        check(network[key] is None or network[key] > 0, f"cluster.network.{key}", "must be a positive Gbit/s or null")
+    for key in ("latency_us", "within_latency_us"):
+        check(network[key] is None or network[key] >= 0, f"cluster.network.{key}",
+              "must be microseconds (0 or more) or null")
+    if recipe.reference_throughput is not None:
+        check(recipe.reference_throughput.samples_per_s > 0, "recipe.reference_throughput.samples_per_s",
+              "must be a positive throughput of one device")
+    check(not (cfg.profile and cfg.dry_run), "profile",
+          "profile=true measures one device and dry_run=true prints the plan: run them one after the other")
 
     check(model.name in tasks.MODELS, "model.name", f"unknown model; allowed: {', '.join(tasks.MODELS)}")
     check(model.num_classes >= 2, "model.num_classes", "must be at least 2")
@@ -385,6 +454,7 @@ def validate(cfg):
     check(train.epochs >= 1, "train.epochs", "must be at least 1")
     check(0 <= schedule.warmup_epochs <= train.epochs, "schedule.warmup_epochs",
           f"must be between 0 and the length of training (train.epochs={train.epochs})")
+    check(schedule.warmup in WARMUPS, "schedule.warmup", f"allowed: {', '.join(WARMUPS)}")
     check(schedule.decay in DECAYS, "schedule.decay", f"allowed: {', '.join(DECAYS)}")
     milestones = list(schedule.milestones)
     check(all(m > 0 for m in milestones) and milestones == sorted(set(milestones)), "schedule.milestones",

@@ -11,6 +11,7 @@ from hvdtrain import tasks
 from hvdtrain.runner.config import invalid
 from hvdtrain.runner.devices import Device
 from hvdtrain.runner.launcher import Host
+from hvdtrain.training.lr_schedule import warmup_length
 
 
 @dataclass(frozen=True)
@@ -23,7 +24,8 @@ class Plan:
     base_lr: float
     base_batch_size: int
     peak_lr: float
-    warmup_epochs: float
+    warmup: str  # gradual, constant or none (schedule.warmup)
+    warmup_epochs: float  # 0 where there is no warmup
     epochs: int
     steps_per_epoch: Optional[int]
     device: str  # cpu or cuda; auto where hosts other than this machine decide when the job starts
@@ -61,7 +63,8 @@ def make_plan(cfg, hosts, device: Device, launch_command=(), train_size=None):
         base_lr=cfg.optimizer.base_lr,
         base_batch_size=cfg.optimizer.base_batch_size,
         peak_lr=cfg.optimizer.base_lr * global_batch / cfg.optimizer.base_batch_size,
-        warmup_epochs=cfg.schedule.warmup_epochs,
+        warmup=cfg.schedule.warmup,
+        warmup_epochs=warmup_length(cfg.schedule),
         epochs=cfg.train.epochs,
         steps_per_epoch=steps,
         device=device.kind,
@@ -75,6 +78,12 @@ def steps_per_epoch(train_size, world_size, samples_per_step):
     """Optimizer steps per epoch. Every rank takes the same whole number of samples (see
     sharding.py) and only full global batches are trained, as with drop_last."""
     return (train_size // world_size) // samples_per_step
+
+
+def warmup_text(plan):
+    if not plan.warmup_epochs:
+        return "no warmup"
+    return f"{plan.warmup} warmup {plan.warmup_epochs:g} epochs"
 
 
 def summary(plan, cfg, run_dir):
@@ -92,7 +101,7 @@ def summary(plan, cfg, run_dir):
         f"  batch        {plan.per_worker_batch_size} per worker x {plan.backward_passes_per_step} backward passes"
         f" x {plan.world_size} ranks = {plan.global_batch_size} per step",
         f"  LR           {plan.base_lr:g} per {plan.base_batch_size} samples -> peak {plan.peak_lr:g}"
-        f" (linear scaling), warmup {plan.warmup_epochs:g} epochs, then {decay}",
+        f" (linear scaling), {warmup_text(plan)}, then {decay}",
         f"  training     {plan.epochs} epochs x {steps} steps",
         "  target       " + (f"{target.metric} {target.value:g} ({target.source})" if target else "none"),
         f"  run dir      {run_dir}",

@@ -1,88 +1,20 @@
 """Several hosts on this one machine, so that tests run hvdtrain across hosts for real.
 
-Each host is a network namespace, joined by a veth pair to a bridge in the root namespace; the
-bridge and the hosts share a /24 of their own per test session (bridge .1, hosts .2, .3, ...).
-mpirun runs in the root namespace and starts its daemons on the hosts with netns_agent.sh in
-place of ssh; the hosts are named by their addresses, so /etc/hosts stays as it is. Everything is
-made by the `netns_cluster` fixture and removed at the end of the session, also when tests fail.
-
-The hosts share no file system where tests write: every host but the first sees an empty tmpfs
-over this session's pytest temporary directory (the agent mounts it), so that a run that needs a
-file written on another host fails. The first host sees this machine's files, as the host where
-a job is launched does.
+The hosts are network namespaces, made as netns_cluster.py makes them, once per test session by
+the `netns_cluster` fixture and removed at the session's end, also when tests fail. The directory
+they do not share is this session's pytest temporary directory: every host but the first sees it
+empty, so that a run that needs a file written on another host fails.
 """
 
-import contextlib
-import os
-import random
-import secrets
-import shutil
-import signal
-import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Tuple
 
 import pytest
 
 from hvdtrain.runner import launcher
+from netns_cluster import AGENT, missing_requirements, netns_cluster as make_netns_cluster
 
-AGENT = Path(__file__).resolve().with_name("netns_agent.sh")
 HOST_COUNT = 3
-
-
-def ip(*args):
-    result = subprocess.run(["ip", *args], capture_output=True, text=True)
-    if result.returncode != 0:
-        raise RuntimeError(f"`ip {' '.join(args)}` failed: {result.stderr.strip()}")
-    return result.stdout
-
-
-@dataclass(frozen=True)
-class NetnsHost:
-    namespace: str
-    address: str
-    link: str  # the root-namespace end of the host's veth pair
-
-    def netns_inode(self):
-        """What /proc/self/ns/net of a process on this host stats to."""
-        return os.stat(f"/run/netns/{self.namespace}").st_ino
-
-    def traffic_bytes(self):
-        """(received, sent) bytes of this host so far (its link's root-namespace end counts them crosswise)."""
-        statistics = Path("/sys/class/net") / self.link / "statistics"
-        return int((statistics / "tx_bytes").read_text()), int((statistics / "rx_bytes").read_text())
-
-    def processes(self):
-        return [int(pid) for pid in ip("netns", "pids", self.namespace).split()]
-
-
-@dataclass(frozen=True)
-class NetnsCluster:
-    hosts: Tuple[NetnsHost, ...]
-    subnet: str
-    private_dir: Path  # what every host but the first sees empty
-
-    def mpirun_args(self):
-        """What mpirun needs to reach the hosts: the agent (told which directory to hide from which
-        hosts), and the bridge for the daemons' (OOB) and the ranks' (TCP BTL) traffic. Ranks on one
-        host use shared memory; ob1 with just these transports makes sure that traffic between hosts
-        goes over TCP through the bridge."""
-        agent = f"{AGENT} {self.private_dir} {self.hosts[0].address}"  # Open MPI splits it at spaces
-        return ["--mca", "plm_ssh_agent", agent,
-                "--mca", "oob_tcp_if_include", self.subnet,
-                "--mca", "btl_tcp_if_include", self.subnet,
-                "--mca", "pml", "ob1", "--mca", "btl", "self,sm,tcp"]
-
-
-def free_subnet():
-    """A 10.x.y.0/24 that no address or route of this machine uses yet."""
-    in_use = ip("-4", "-o", "addr", "show") + ip("-4", "route", "show")
-    while True:
-        prefix = f"10.{random.randrange(1, 255)}.{random.randrange(256)}."
-        if prefix not in in_use:
-            return prefix
 
 
 def private_directory(tmp_path_factory):
@@ -94,65 +26,16 @@ def private_directory(tmp_path_factory):
         if path == private or private in path.parents:
             raise RuntimeError(f"{what} ({path}) lies in pytest's temporary directory {private}, which the cluster "
                                f"tests hide from all hosts but one: give pytest another --basetemp")
-    if " " in str(private) or " " in str(AGENT):
-        raise RuntimeError(f"the cluster tests cannot pass {AGENT} {private} to Open MPI's agent: a path has a space")
     return private
 
 
 @pytest.fixture(scope="session")
 def netns_cluster(tmp_path_factory):
-    if os.geteuid() != 0:
-        pytest.skip("the cluster tests make network namespaces, which needs root")
-    missing = [tool for tool in ("ip", "unshare", "mount") if shutil.which(tool) is None]
+    missing = missing_requirements()
     if missing:
-        pytest.skip(f"the cluster tests need {' and '.join(missing)} (iproute2, util-linux) on PATH")
-    private = private_directory(tmp_path_factory)
-
-    # Names unique to this session (interface names have at most 15 characters), so that two
-    # sessions at once, or the remains of one that was killed, cannot clash.
-    tag = f"hvt{secrets.token_hex(3)}"
-    prefix = free_subnet()
-    bridge = f"{tag}br"
-    hosts = tuple(NetnsHost(f"{tag}n{i}", f"{prefix}{i + 2}", f"{tag}v{i}") for i in range(HOST_COUNT))
-    undo = []  # `ip` commands that remove what was made, in the order it was made
-    try:
-        ip("link", "add", bridge, "type", "bridge")
-        undo.append(("link", "del", bridge))
-        ip("addr", "add", f"{prefix}1/24", "dev", bridge)
-        ip("link", "set", bridge, "up")
-        for host in hosts:
-            ip("netns", "add", host.namespace)
-            undo.append(("netns", "del", host.namespace))
-            ip("link", "add", host.link, "type", "veth", "peer", "name", "eth0", "netns", host.namespace)
-            # Deleting a namespace frees its links only later; this removes the pair at once.
-            undo.append(("link", "del", host.link))
-            ip("link", "set", host.link, "master", bridge, "up")
-            ip("-n", host.namespace, "addr", "add", f"{host.address}/24", "dev", "eth0")
-            ip("-n", host.namespace, "link", "set", "eth0", "up")
-            ip("-n", host.namespace, "link", "set", "lo", "up")
-        yield NetnsCluster(hosts, f"{prefix}0/24", private)
-    finally:
-        remove_cluster(hosts, undo)
-
-
-def remove_cluster(hosts, undo):
-    errors = []
-    for host in hosts:
-        try:
-            pids = host.processes()
-        except RuntimeError:
-            continue  # the namespace was never made
-        # Only this session's jobs ever ran in the namespace: what is left of them goes.
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-    for command in reversed(undo):
-        try:
-            ip(*command)
-        except RuntimeError as error:
-            errors.append(str(error))
-    if errors:
-        raise RuntimeError("could not remove the test cluster:\n" + "\n".join(errors))
+        pytest.skip(f"the cluster tests are skipped: {missing}")
+    with make_netns_cluster(HOST_COUNT, private_directory(tmp_path_factory)) as cluster:
+        yield cluster
 
 
 @pytest.fixture

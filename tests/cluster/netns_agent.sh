@@ -1,8 +1,8 @@
 #!/bin/sh
-# Open MPI's remote-exec agent for "hosts" that are network namespaces on this machine
-# (see tests/cluster/conftest.py). Open MPI calls it as `netns_agent.sh PRIVATE_DIR FIRST_HOST HOST
-# COMMAND`, where it would call `ssh HOST COMMAND` (the first two words come with the agent's name
-# in plm_ssh_agent); HOST is the address of one namespace's interface.
+# Open MPI's remote-exec agent for "hosts" that are network namespaces on this machine (see
+# tests/cluster/netns_cluster.py). Open MPI calls it as `netns_agent.sh PRIVATE_DIR FIRST_HOST
+# HOST COMMAND`, where it would call `ssh HOST COMMAND` (the first two words come with the agent's
+# name in plm_ssh_agent); HOST is the address of one namespace's interface.
 #
 # Hosts do not share a file system: on every host but FIRST_HOST (the one that shares the view of
 # the machine where the job was started, as the launching host of a real cluster does) a fresh,

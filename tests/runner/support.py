@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hvdtrain.runner.config import CONF_DIR, register_configs, typed
+from hvdtrain.runner.config import CONF_DIR, register_configs, register_layouts, typed
 from hvdtrain.reporting.run_log import read_history
 from hvdtrain.training import checkpoint
 
@@ -23,6 +23,7 @@ def compose(*overrides):
     from omegaconf import OmegaConf
 
     register_configs()
+    register_layouts(overrides)
     OmegaConf.register_new_resolver("run_dir", lambda resume, fresh: resume or fresh, replace=True)
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = hydra_compose("config", overrides=list(overrides), return_hydra_config=True)

@@ -39,3 +39,15 @@ def test_step_cosine_and_poly():
     poly = schedule(decay="poly", power=2.0)
     assert learning_rate(5, poly, 0.1, 1.0, 10) == pytest.approx(0.25)
     assert math.isclose(learning_rate(10, poly, 0.1, 1.0, 10), 0.0, abs_tol=1e-12)
+
+
+def test_constant_warmup_holds_the_base_lr_then_jumps_and_none_starts_at_the_peak():
+    """Goyal et al. section 2.2's three variants, with a decay that runs from the warmup's end."""
+    constant = schedule(warmup="constant", warmup_epochs=5, decay="cosine")
+    assert [learning_rate(p, constant, 0.1, 3.2, 90) for p in (0, 2.5, 4.999)] == [0.1, 0.1, 0.1]
+    assert learning_rate(5, constant, 0.1, 3.2, 90) == pytest.approx(3.2)
+    none = schedule(warmup="none", warmup_epochs=5, decay="cosine")
+    assert learning_rate(0, none, 0.1, 3.2, 90) == pytest.approx(3.2)
+    assert learning_rate(45, none, 0.1, 3.2, 90) == pytest.approx(1.6)  # half-way down: the cosine spans all 90
+    gradual = schedule(warmup="gradual", warmup_epochs=5, decay="cosine")
+    assert learning_rate(2.5, gradual, 0.1, 3.2, 90) == pytest.approx(1.65)

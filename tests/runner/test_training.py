@@ -243,15 +243,6 @@ def test_a_failing_worker_ends_the_job_with_its_error(image_tree, tmp_path):
     assert "the workers failed" in result.stderr
 
 
-def test_a_sweep_runs_each_job_as_its_own_distributed_run(tmp_path):
-    result = run_hvdtrain("-m", "cluster=1x1", "train.epochs=1", "train.batch_size=16,32",
-                          f"hydra.sweep.dir={tmp_path}", timeout=TIMEOUT)
-    assert result.returncode == 0, result.stdout + result.stderr
-    batches = [json.loads((tmp_path / job / "results.json").read_text())["global_batch_size"] for job in ("0", "1")]
-    assert batches == [16, 32]
-    assert result.stdout.count("hvdtrain: starting 1 workers") == 2
-
-
 def ranks_validation_sums_are_exact():
     import torch
     import torch.nn.functional as F
