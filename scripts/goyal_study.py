@@ -42,6 +42,8 @@ def main():
                         help="the rule holds where the error is within this many points of the reference's")
     parser.add_argument("--out", type=Path, default=Path("studies/goyal_mnist1d"))
     parser.add_argument("--sweeps", type=Path, help="where the runs go (default runs/goyal_study/<time>)")
+    parser.add_argument("--replot", action="store_true",
+                        help="train nothing: make the table and figures again from the runs in --sweeps")
     parser.add_argument("overrides", nargs="*", help="more hvdtrain overrides for every run (e.g. train.epochs=1)")
     args = parser.parse_args()
     batches = sorted(int(kn) for kn in args.batches.split(","))
@@ -49,16 +51,19 @@ def main():
     for kn in batches:
         if kn % RANKS:
             raise SystemExit(f"goyal_study: --batches: {kn} is not a multiple of the {RANKS} ranks")
+    if args.replot and not args.sweeps:
+        raise SystemExit("goyal_study: --replot needs --sweeps, the directory of the runs to plot")
     sweeps = args.sweeps or Path("runs/goyal_study") / time.strftime("%Y-%m-%d_%H-%M-%S")
     began = time.time()
     common = [f"optimizer.base_batch_size={batches[0]}", f"train.seed={','.join(seeds)}", *args.overrides]
+    train = (lambda *run: None) if args.replot else multirun
 
-    multirun(sweeps / "reference", "goyal_mnist1d", [batches[0]], common)
+    train(sweeps / "reference", "goyal_mnist1d", [batches[0]], common)
     if len(batches) > 1:
-        multirun(sweeps / "sgd", "goyal_mnist1d", batches[1:], [f"schedule.warmup={','.join(WARMUPS)}", *common])
+        train(sweeps / "sgd", "goyal_mnist1d", batches[1:], [f"schedule.warmup={','.join(WARMUPS)}", *common])
     rows = collect(sweeps / "reference", REFERENCE) + collect(sweeps / "sgd")
     holds_to = largest_kn_that_holds(rows, batches, args.tolerance)
-    multirun(sweeps / "lars", "goyal_mnist1d_lars", [kn for kn in batches if kn >= holds_to], common)
+    train(sweeps / "lars", "goyal_mnist1d_lars", [kn for kn in batches if kn >= holds_to], common)
     rows += collect(sweeps / "lars")
 
     args.out.mkdir(parents=True, exist_ok=True)
@@ -176,16 +181,26 @@ def plot_errors(path, rows, tolerance):
     plt.close(figure)
 
 
+def largest_kn_that_trains(rows, batches):
+    """The largest kn at which SGD with gradual warmup still learns (mean error below 50 %):
+    where the warmups differ most (Goyal's Figure 4 compares them at their largest kn)."""
+    errors = mean_errors(rows)
+    trained = [kn for kn in batches[1:] if errors[("sgd", "gradual", kn)][0] < 50]
+    return max(trained, default=batches[-1])
+
+
 def plot_curves(path, rows, batches, holds_to):
     """Left: the reference against the largest kn that holds (Goyal's Figure 2); right: the
-    variants at the largest kn (their Figure 4), LARS beside them. Seed 0's curves."""
+    variants, LARS beside them, at the largest kn where gradual warmup still learns (their
+    Figure 4). Seed 0's curves."""
     plt = pyplot()
     first_seed = min(row["seed"] for row in rows)
     curves = {(row["optimizer"], row["warmup"], row["kn"]): row["curve"] for row in rows if row["seed"] == first_seed}
+    compared = largest_kn_that_trains(rows, batches)
     figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
     panels = [(left, [(f"kn = {batches[0]} (reference)", ("sgd", REFERENCE, batches[0])),
                       (f"kn = {holds_to}, gradual warmup", ("sgd", "gradual", holds_to))]),
-              (right, [(f"kn = {batches[-1]}, {label}", (optimizer, warmup, batches[-1]))
+              (right, [(f"kn = {compared}, {label}", (optimizer, warmup, compared))
                        for label, optimizer, warmup in series(rows)])]
     for axes, lines in panels:
         for label, key in lines:
@@ -195,7 +210,7 @@ def plot_curves(path, rows, batches, holds_to):
         axes.set(xlabel="epochs", yscale="log")
         axes.legend()
     left.set(ylabel="training loss", title="the largest kn that matches the reference")
-    right.set(title="the largest kn")
+    right.set(title="the largest kn at which gradual warmup still learns")
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)

@@ -59,6 +59,12 @@ def test_a_tiny_study_applies_the_rule_and_each_warmup_and_writes_its_table_and_
     assert lrs("constant") == pytest.approx([BASE_LR] * 6 + [peak] * 6)
     assert lrs("gradual") == pytest.approx([BASE_LR * (1 + step / 6) for step in range(6)] + [peak] * 6)
 
+    # --replot makes the same table again from the runs, training nothing.
+    replotted = tmp_path / "replotted"
+    run_study(tmp_path, "--batches", "32,64", "--seeds", "0", "--tolerance", "100", "--out", replotted,
+              "--sweeps", tmp_path / "runs", "--replot")
+    assert (replotted / "results.csv").read_text() == (out / "results.csv").read_text()
+
     summary = (out / "summary.md").read_text()
     assert "up to kn = 64" in summary and "| 64 |" in summary
     for figure in ("val_error_vs_kn.png", "training_curves.png"):
