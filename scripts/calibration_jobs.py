@@ -104,15 +104,15 @@ def allreduce(spec, output):
 
 def training(spec, output):
     import torch
-    import torch.nn.functional as F
     from mpi4py import MPI
 
     import hvdtrain.torch as hvd
     from hvdtrain.runner.config import load_run_config
     from hvdtrain.runner.prediction import gradient_sizes
+    from hvdtrain.runner.profiling import timed_step
     from hvdtrain.tasks.data_torch import build_datasets
     from hvdtrain.tasks.models_torch import build_model
-    from hvdtrain.training.train_torch import _build_optimizer
+    from hvdtrain.training.train_torch import build_optimizer
 
     cfg = load_run_config(spec["config"])
     hvd.init()
@@ -127,30 +127,20 @@ def training(spec, output):
     # makes, so the alone phase needs a model of its own.
     alone_model, parallel_model = build_model(cfg.model), build_model(cfg.model)
     phases = {
-        "alone": (alone_model, _build_optimizer(alone_model, cfg.optimizer, cfg.optimizer.base_lr)),
+        "alone": (alone_model, build_optimizer(alone_model, cfg.optimizer, cfg.optimizer.base_lr)),
         "parallel": (parallel_model, hvd.DistributedOptimizer(
-            _build_optimizer(parallel_model, cfg.optimizer, cfg.optimizer.base_lr),
+            build_optimizer(parallel_model, cfg.optimizer, cfg.optimizer.base_lr),
             named_parameters=parallel_model.named_parameters(), op=hvd.Average)),
     }
     hvd.broadcast_parameters(parallel_model.state_dict(), root_rank=0)
-
-    def step(model, optimizer):
-        """(forward's, backward's and the update's seconds)."""
-        started = time.perf_counter()
-        optimizer.zero_grad()
-        loss = F.cross_entropy(model(inputs), labels)
-        forward_done = time.perf_counter()
-        loss.backward()
-        backward_done = time.perf_counter()
-        optimizer.step()  # the data-parallel one waits here for what is left of the allreduce
-        return forward_done - started, backward_done - forward_done, time.perf_counter() - backward_done
 
     def phase(model_and_optimizer, steps):
         """Seconds a step from barrier to barrier, and the parts of a step averaged over its
         steps and the ranks."""
         world.Barrier()
         started = time.perf_counter()
-        parts = [sum(times) / steps for times in zip(*(step(*model_and_optimizer) for _ in range(steps)))]
+        timed = [timed_step(*model_and_optimizer, inputs, labels) for _ in range(steps)]
+        parts = [sum(times) / steps for times in zip(*timed)]
         world.Barrier()
         elapsed = (time.perf_counter() - started) / steps
         forward_s, backward_s, update_s = (float(mean) for mean in np.mean(world.allgather(parts), axis=0))
@@ -158,7 +148,7 @@ def training(spec, output):
 
     for _ in range(spec["warmup"]):
         for model_and_optimizer in phases.values():
-            step(*model_and_optimizer)
+            timed_step(*model_and_optimizer, inputs, labels)
     rounds = []
     for index in range(spec["rounds"]):
         # Alternating which phase goes first keeps a drift of the machine's speed from favouring one.

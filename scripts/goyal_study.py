@@ -28,6 +28,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from hvdtrain.reporting.run_log import read_history
+
 REFERENCE, WARMUPS, RANKS = "reference", ("none", "constant", "gradual"), 2
 COLUMNS = ("optimizer", "warmup", "kn", "seed", "per_rank_batch", "base_lr", "base_batch_size", "peak_lr",
            "epochs", "steps_per_epoch", "val_error", "val_loss", "final_train_loss", "train_time_s", "run_dir")
@@ -97,8 +99,7 @@ def collect(sweep_dir, warmup=None):
     for run_dir in sorted(path for path in sweep_dir.iterdir() if (path / "results.json").is_file()):
         cfg = OmegaConf.load(run_dir / "config.yaml")
         results = json.loads((run_dir / "results.json").read_text())
-        history = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
-        train = [record for record in history if record["event"] == "train"]
+        train = [record for record in read_history(run_dir / "metrics.jsonl") if record["event"] == "train"]
         rows.append({
             "optimizer": cfg.optimizer.name, "warmup": warmup or cfg.schedule.warmup,
             "kn": results["global_batch_size"], "seed": cfg.train.seed, "per_rank_batch": cfg.train.batch_size,

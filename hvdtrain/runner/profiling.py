@@ -25,41 +25,26 @@ DIGITS_SIDE = 8  # scikit-learn's digits are 8x8
 
 def profile(cfg):
     import torch
-    import torch.nn.functional as F
 
     from hvdtrain.tasks.models_torch import build_model
-    from hvdtrain.training.train_torch import _autocast, _build_optimizer
+    from hvdtrain.training.train_torch import build_optimizer
 
     device, name = _device(cfg, torch)
     model = build_model(cfg.model).to(device)
     if cfg.train.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    optimizer = _build_optimizer(model, cfg.optimizer, cfg.optimizer.base_lr)
+    optimizer = build_optimizer(model, cfg.optimizer, cfg.optimizer.base_lr)
     inputs = torch.randn((cfg.train.batch_size, *_sample_shape(cfg)), device=device)
     if cfg.train.channels_last:
         inputs = inputs.to(memory_format=torch.channels_last)
     labels = torch.randint(cfg.model.num_classes, (cfg.train.batch_size,), device=device)
     precision = autocast_precision(cfg, device.type)
 
-    def clock():
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return time.perf_counter()
-
-    def step():
-        started = clock()
-        optimizer.zero_grad()
-        with _autocast(device, precision):
-            loss = F.cross_entropy(model(inputs), labels)
-        forward_done = clock()
-        loss.backward()
-        backward_done = clock()
-        optimizer.step()
-        return backward_done - forward_done, clock() - started
-
     for _ in range(WARMUP_STEPS):
-        step()
-    backward_s, step_s = map(sum, zip(*(step() for _ in range(TIMED_STEPS))))
+        timed_step(model, optimizer, inputs, labels, precision)
+    forward_s, backward_s, update_s = map(sum, zip(*(timed_step(model, optimizer, inputs, labels, precision)
+                                                       for _ in range(TIMED_STEPS))))
+    step_s = forward_s + backward_s + update_s
     measured = {
         "recipe": cfg.recipe.name, "model": cfg.model.name, "batch_size": cfg.train.batch_size,
         "precision": precision, "device": name, "steps": TIMED_STEPS,
@@ -74,6 +59,31 @@ def profile(cfg):
     print(f"hvdtrain: profile of {cfg.model.name} at {cfg.train.batch_size} per step on {name}: "
           f"{measured['samples_per_s']:.4g} samples/s, {measured['compute_s'] * 1e3:.4g} ms a step, "
           f"backward {measured['backward_fraction']:.2f} of it; written to {path}", flush=True)
+
+
+def timed_step(model, optimizer, inputs, labels, precision="none"):
+    """One training step (cross-entropy), timed in its three parts: (forward, backward, update)
+    seconds. On CUDA the device is synchronised at each boundary, so that each part is the
+    device's time and not its launches'."""
+    import torch
+    import torch.nn.functional as F
+
+    from hvdtrain.training.train_torch import autocast_context
+
+    def clock():
+        if inputs.device.type == "cuda":
+            torch.cuda.synchronize(inputs.device)
+        return time.perf_counter()
+
+    started = clock()
+    optimizer.zero_grad()
+    with autocast_context(inputs.device, precision):
+        loss = F.cross_entropy(model(inputs), labels)
+    forward_done = clock()
+    loss.backward()
+    backward_done = clock()
+    optimizer.step()  # a DistributedOptimizer waits here for what backward did not hide of the allreduce
+    return forward_done - started, backward_done - forward_done, clock() - backward_done
 
 
 def _device(cfg, torch):

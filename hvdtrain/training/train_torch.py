@@ -43,7 +43,7 @@ def train(cfg, run_dir, device):
     model = build_model(cfg.model).to(target)
     if cfg.train.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    optimizer = hvd.DistributedOptimizer(_build_optimizer(model, cfg.optimizer, plan.base_lr),
+    optimizer = hvd.DistributedOptimizer(build_optimizer(model, cfg.optimizer, plan.base_lr),
                                          named_parameters=model.named_parameters(),
                                          backward_passes_per_step=passes, op=hvd.Average)
     scaler = torch.amp.GradScaler(target.type, enabled=precision == "fp16")  # fp16 is CUDA's only (devices.py)
@@ -113,7 +113,7 @@ def _train_step(model, optimizer, scaler, batches, passes, to_device, precision)
     total = 0.0
     for _ in range(passes):
         images, labels = next(batches)
-        with _autocast(to_device.device, precision):
+        with autocast_context(to_device.device, precision):
             loss = F.cross_entropy(model(to_device(images)), to_device(labels))
         scaler.scale(loss / passes).backward()
         total = total + loss.detach().float()
@@ -136,7 +136,7 @@ def evaluate(model, val_set, cfg, to_device, precision):
     batches = EpochBatches(cfg.train.batch_size,
                            [(int(i), 0) for i in sharding.eval_shard(len(val_set), hvd.rank(), hvd.size())])
     for images, labels in _loader(val_set, batches, cfg.data.loader_workers, to_device.device, persistent=False):
-        with _autocast(to_device.device, precision):
+        with autocast_context(to_device.device, precision):
             logits = model(to_device(images)).float()
         labels = to_device(labels)
         ranked = logits.topk(min(5, logits.shape[1]), dim=1).indices == labels[:, None]
@@ -176,7 +176,7 @@ def _decode(data):
     return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
 
 
-def _build_optimizer(model, optimizer_cfg, lr):
+def build_optimizer(model, optimizer_cfg, lr):
     """The optimizer.name of the recipe: torch's SGD, or LARS (lars.py) on top of the same momentum
     SGD, over the model's parameter groups."""
     options = dict(lr=lr, momentum=optimizer_cfg.momentum, nesterov=optimizer_cfg.nesterov,
@@ -237,7 +237,7 @@ def _use_device(kind, cudnn_benchmark):
     return torch.device("cuda", hvd.local_rank())
 
 
-def _autocast(device, precision):
+def autocast_context(device, precision):
     """The forward pass's precision: "none", "bf16" or "fp16" (config.autocast_precision)."""
     if precision == "none":
         return contextlib.nullcontext()

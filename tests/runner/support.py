@@ -35,7 +35,14 @@ def compose(*overrides):
 
 def run_hvdtrain(*args, cwd=None, env=None, timeout=240):
     """`hvdtrain ARGS` in a subprocess, as a user runs it (a hang fails the test, not the suite)."""
-    command = [sys.executable, "-m", "hvdtrain.runner.cli", *map(str, args)]
+    return run_command([sys.executable, "-m", "hvdtrain.runner.cli", *map(str, args)], cwd=cwd, env=env,
+                       timeout=timeout)
+
+
+def run_command(command, cwd=None, env=None, timeout=240):
+    """`command` in a subprocess of its own session, all of which is killed if it runs past
+    `timeout` (which fails the test)."""
+    command = [str(part) for part in command]
     process = subprocess.Popen(command, cwd=cwd, env={**os.environ, **(env or {})}, text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     try:
@@ -43,7 +50,7 @@ def run_hvdtrain(*args, cwd=None, env=None, timeout=240):
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         stdout, stderr = process.communicate()
-        pytest.fail(f"hvdtrain {' '.join(map(str, args))} did not finish in {timeout} s:\n{stdout}\n{stderr}")
+        pytest.fail(f"{' '.join(command)} did not finish in {timeout} s:\n{stdout}\n{stderr}")
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 

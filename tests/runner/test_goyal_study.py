@@ -4,8 +4,6 @@ table, the figures, and that every run trained at the LR the linear rule and its
 
 import csv
 import json
-import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -14,21 +12,16 @@ import pytest
 
 from hvdtrain.reporting.run_log import read_history
 
+from runner.support import run_command
+
 STUDY = Path(__file__).resolve().parents[2] / "scripts" / "goyal_study.py"
 BASE_LR, BASE_KN, STEPS = 0.0125, 32, 12  # the recipe's eta for kn = 32; 768 training samples / 64
 
 
 def run_study(tmp_path, *args, timeout=300):
-    command = [sys.executable, str(STUDY), *args]
-    process = subprocess.Popen(command, cwd=tmp_path, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               start_new_session=True)
-    try:
-        output, _ = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        pytest.fail(f"the study did not finish in {timeout} s:\n{process.communicate()[0]}")
-    assert process.returncode == 0, output
-    return output
+    result = run_command([sys.executable, STUDY, *args], cwd=tmp_path, timeout=timeout)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
 
 
 def test_a_tiny_study_applies_the_rule_and_each_warmup_and_writes_its_table_and_figures(tmp_path):

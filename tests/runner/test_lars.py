@@ -11,7 +11,7 @@ import torch
 
 from hvdtrain.runner.config import typed
 from hvdtrain.training.lars import LARS
-from hvdtrain.training.train_torch import _build_optimizer, _set_learning_rate
+from hvdtrain.training.train_torch import build_optimizer, _set_learning_rate
 
 ETA, BETA, MOMENTUM, LR = 0.001, 0.01, 0.9, 2.0
 
@@ -48,7 +48,7 @@ def test_biases_and_batch_norm_take_plain_momentum_sgd():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv1d(1, 3, 3), torch.nn.BatchNorm1d(3), torch.nn.Flatten(),
                                 torch.nn.Linear(12, 2)).double()
-    optimizer = _build_optimizer(model, lars_config(exclude_from_adaptation=["bn", "bias"],
+    optimizer = build_optimizer(model, lars_config(exclude_from_adaptation=["bn", "bias"],
                                                     exclude_from_weight_decay=["bn", "bias"]), LR)
     names = {id(p): name for name, p in model.named_parameters()}
     groups = {(group["layer_adaptation"], group["weight_decay"]): sorted(names[id(p)] for p in group["params"])
@@ -105,7 +105,7 @@ def test_its_state_goes_through_a_checkpoint():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3), torch.nn.Linear(3, 2)).double()
     config = lars_config(exclude_from_adaptation=["bn", "bias"], nesterov=True)
-    optimizer = _build_optimizer(model, config, LR)
+    optimizer = build_optimizer(model, config, LR)
     inputs = torch.randn(8, 4, dtype=torch.float64)
 
     def train_step(model, optimizer):
@@ -120,7 +120,7 @@ def test_its_state_goes_through_a_checkpoint():
     state = torch.load(io.BytesIO(saved.getvalue()), weights_only=True)  # as checkpoints are read
     restored_model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3), torch.nn.Linear(3, 2)).double()
     restored_model.load_state_dict(state["model"])
-    restored = _build_optimizer(restored_model, config, 0.5)  # the LR too comes from the checkpoint
+    restored = build_optimizer(restored_model, config, 0.5)  # the LR too comes from the checkpoint
     restored.load_state_dict(state["optimizer"])
     for _ in range(2):
         train_step(model, optimizer)
@@ -157,10 +157,10 @@ def ranks_train_as_one_process_with_the_whole_batch():
             optimizer.step()
 
     reference = model()
-    train(reference, _build_optimizer(reference, config, LR), slice(None))
+    train(reference, build_optimizer(reference, config, LR), slice(None))
 
     distributed = model()
-    optimizer = hvd.DistributedOptimizer(_build_optimizer(distributed, config, LR),
+    optimizer = hvd.DistributedOptimizer(build_optimizer(distributed, config, LR),
                                          named_parameters=distributed.named_parameters())
     assert isinstance(optimizer, LARS)
     train(distributed, optimizer, slice(rank * PER_RANK_BATCH, (rank + 1) * PER_RANK_BATCH))
