@@ -19,6 +19,7 @@ import numpy as np
 
 from hvdtrain import core
 from hvdtrain.runner.plan import summary
+from hvdtrain.runner.supervisor import Heartbeat
 from hvdtrain.reporting.report import final_summary, write_report, write_results
 from hvdtrain.reporting.run_log import RunLog
 
@@ -30,13 +31,16 @@ class Progress:
         self.cfg, self.plan, self.run_dir = cfg, plan, run_dir
         self.elapsed_before, self.session_start = start["elapsed_s"], session_start
         self.train_seconds = start["train_s"]  # inside training steps, over all sessions
-        self.log = None
+        self.log = self.heartbeat = None
         if core.rank() == 0:
             print(summary(plan, cfg, run_dir), flush=True)
             if start["global_step"]:
                 print(f"hvdtrain: resuming at epoch {start['epoch']}, step {start['step']} ({start['path']})",
                       flush=True)
             self.log = RunLog(run_dir, plan.steps_per_epoch * plan.epochs, start["global_step"], core.size())
+            self.heartbeat = Heartbeat(run_dir)
+            self.heartbeat.beat(start["global_step"])
+        self.last_checkpoint = time.time()
         self.window_loss, self.window_seconds, self.window_steps = 0.0, 0.0, 0  # since the last record
         self.train_loss = None  # the last recorded one
 
@@ -50,10 +54,13 @@ class Progress:
 
     def step_done(self, epoch, step, global_step, lr, loss, seconds):
         """Step `step` of `epoch` (the run's `global_step`-th), trained at `lr`, took `seconds`
-        and had this rank's mean loss `loss` (a float, or a 0-d tensor read only if recorded)."""
+        and had this rank's mean loss `loss` (a float, or a 0-d tensor read only if recorded).
+        Returns whether a checkpoint is due by time (train.checkpoint_every_s), the same on
+        every rank: rank 0's clock decides, told to all in the recorded loss's allreduce."""
         self.window_loss, self.window_steps = self.window_loss + loss, self.window_steps + 1
         if self.log:
             self.log.advance()
+            self.heartbeat.beat(global_step)
         steps = self.plan.steps_per_epoch
         recording = global_step % self.cfg.train.log_every_steps == 0 or step == steps - 1
         if recording:
@@ -63,19 +70,26 @@ class Progress:
         self.train_seconds += seconds
         self.window_seconds += seconds
         if not recording:
-            return
-        averaged = core.allreduce_async(np.array([mean]), name="train.loss", op=core.ReduceOp.AVERAGE).wait()
+            return False
+        every_s = self.cfg.train.checkpoint_every_s
+        due = bool(self.log and every_s and time.time() - self.last_checkpoint >= every_s)
+        averaged = core.allreduce_async(np.array([mean, due]), name="train.loss", op=core.ReduceOp.AVERAGE).wait()
         self.train_loss = float(averaged[0])
         if self.log:
             self.log.record(event="train", step=global_step, epoch=epoch + (step + 1) / steps, lr=lr,
                             loss=self.train_loss,
                             samples_per_s=self.window_steps * self.plan.global_batch_size / self.window_seconds)
         self.window_loss, self.window_seconds, self.window_steps = 0.0, 0.0, 0
+        return bool(averaged[1] > 0)
+
+    def checkpointed(self):
+        self.last_checkpoint = time.time()
 
     def evaluated(self, epoch, global_step, lr, metrics):
         """The validation `metrics` after `epoch` epochs; its last step was recorded just now, so
         the loss recorded beside them is that step's window's."""
         if self.log:
+            self.heartbeat.beat(global_step)
             self.log.record(event="eval", step=global_step, epoch=epoch, lr=lr, loss=self.train_loss, **metrics)
 
     def epoch_done(self, epochs_completed, global_step, metrics):
@@ -87,9 +101,11 @@ class Progress:
         """Rank 0: results.json, report.md and the closing summary."""
         if not self.log:
             return
+        self.heartbeat.beat(global_step)  # the report's plots take a while
         self.log.close()
         results = self._results(epochs_completed, global_step, metrics)
         write_report(self.run_dir, self.cfg, self.plan, results)
+        self.heartbeat.close()
         print(final_summary(results, self.run_dir), flush=True)
 
     def _results(self, epochs_completed, global_step, metrics):

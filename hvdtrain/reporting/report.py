@@ -15,6 +15,7 @@ The throughput figures of results.json, the same for every framework, and how th
 """
 
 import json
+import time
 from pathlib import Path
 
 from hvdtrain.reporting.run_log import read_history
@@ -27,6 +28,7 @@ def write_results(run_dir, cfg, plan, epochs_completed, metrics, samples_trained
     target = cfg.recipe.target
     achieved = None if target is None else metrics.get(target.metric)
     train_samples_per_s = _per_second(samples_trained, train_time_s)
+    restarts = [record for record in read_history(Path(run_dir) / "metrics.jsonl") if record["event"] == "restart"]
     results = {
         "recipe": cfg.recipe.name,
         "framework": cfg.recipe.framework,
@@ -44,6 +46,7 @@ def write_results(run_dir, cfg, plan, epochs_completed, metrics, samples_trained
         "train_samples_per_s": train_samples_per_s,
         "wall_samples_per_s": _per_second(samples_trained, wall_time_s),
         "samples_per_s": train_samples_per_s,
+        "restarts": restarts,
     }
     write_atomically(Path(run_dir) / "results.json", (json.dumps(results, indent=2) + "\n").encode())
     return results
@@ -88,6 +91,10 @@ def write_report(run_dir, cfg, plan, results):
         achieved = results["metrics"].get(target["metric"])
         verdict = "not measured" if achieved is None else "reached" if results["target_reached"] else "not reached"
         lines += ["", f"Target: {target['metric']} {target['value']:g} ({target['source']}): **{verdict}**."]
+    if results["restarts"]:
+        lines += ["", "## Restarts", ""] + [
+            f"- {r['attempt']}. at {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(r['time']))}, from step "
+            f"{r['step']} ({r['steps_lost']} steps lost): {r['reason']}" for r in results["restarts"]]
     lines += [""] + [f"![{name}]({name}.png)" for name in plots]
     lines += ["", "Files: `config.yaml` (the resolved config), `metrics.jsonl`, `results.json`, `checkpoints/`, "
                   f"`tensorboard/` (`tensorboard --logdir {run_dir / 'tensorboard'}`)."]
@@ -117,6 +124,9 @@ def _plot_history(history, target, run_dir):
             if records:
                 axes.plot([r["step"] for r in records], [r[key] for r in records], label=label,
                           marker="o" if key.startswith("val_") else None)
+        if name == "loss":
+            for number, restart in enumerate(r for r in history if r["event"] == "restart"):
+                axes.axvline(restart["step"], color="grey", linestyle=":", label=None if number else "restarted")
         if name == "accuracy" and target is not None:
             axes.axhline(target.value, color="red", linestyle="--", label=f"target {target.metric} {target.value:g}")
         axes.set_xlabel("step")

@@ -3,7 +3,7 @@
 It composes the config once (Hydra: hvdtrain/conf/, whose group `recipe` holds the recipes),
 checks it, derives the plan, writes the resolved config.yaml into the run directory, and then
 either trains in this process (when it already is a rank of an mpirun or srun job) or starts the
-workers with mpirun; rank 0 loads that config.yaml and broadcasts it, and no worker composes its
+workers with mpirun and restarts them after failures that a restart can fix (supervisor.py); rank 0 loads that config.yaml and broadcasts it, and no worker composes its
 own. `hvdtrain ls` and `hvdtrain cp` list the recipes and copy one (recipes.py).
 """
 
@@ -19,7 +19,7 @@ from hydra._internal.utils import get_args_parser as hydra_args_parser  # hydra.
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
-from hvdtrain.runner import cluster, devices, hydra_errors, launcher, recipes
+from hvdtrain.runner import cluster, devices, hydra_errors, launcher, recipes, supervisor
 from hvdtrain.runner.config import (CONF_DIR, PROGRESS_BAR_VARIABLE, RESUMABLE_KEYS, ConfigError, claim_run_dir,
                                     load_run_config, progress_bar_wanted, register_configs, register_layouts,
                                     validate)
@@ -99,27 +99,12 @@ def run(cfg, run_dir):
     print(f"hvdtrain: starting {plan.world_size} workers: {shlex.join(plan.launch_command)}", flush=True)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # a scheduler's SIGTERM stops the workers too
     try:
-        result = launcher.run(plan.launch_command, env=environment)
+        status = supervisor.supervise(cfg, run_dir, plan, environment, relaunch=lambda cfg: _launch_plan(cfg, run_dir))
     except KeyboardInterrupt:
         print(f"\nhvdtrain: interrupted; continue with: hvdtrain resume={run_dir}", file=sys.stderr)
         sys.exit(130)
-    if result.returncode != 0:
-        print(f"hvdtrain: the workers failed (mpirun exit status {result.returncode}); their errors are above. "
-              f"Continue from the last checkpoint with: hvdtrain resume={run_dir}", file=sys.stderr)
-        sys.exit(result.returncode)
-    done = _epochs_completed(run_dir)
-    if done < cfg.train.epochs:
-        # mpirun has been seen to exit 0 after losing a remote daemon: success is the run's, not mpirun's
-        print(f"hvdtrain: mpirun exited 0 but the run finished {done} of {cfg.train.epochs} epochs. "
-              f"Continue from the last checkpoint with: hvdtrain resume={run_dir}", file=sys.stderr)
-        sys.exit(1)
-
-
-def _epochs_completed(run_dir):
-    try:
-        return json.loads((run_dir / "results.json").read_text())["epochs_completed"]
-    except (OSError, ValueError, KeyError):
-        return 0
+    if status:
+        sys.exit(status)
 
 
 def _launch_plan(cfg, run_dir):

@@ -155,7 +155,30 @@ class TrainConfig:
     log_every_steps: int = 10
     eval_every_epochs: int = 1
     checkpoint_every_steps: int = 0  # 0: at the end of each epoch only
+    # ... and at the first logged step (train.log_every_steps) this many seconds after the last
+    # checkpoint, so that a restart (fault.*) loses at most about this much; 0: off
+    checkpoint_every_s: float = 600.0
     keep_checkpoints: int = 3
+
+
+KEEP_GLOBAL_BATCH_BY = ("backward_passes", "batch_size")
+
+
+@dataclass
+class FaultConfig:
+    """What `hvdtrain` does when the job it launched fails (runner/supervisor.py)."""
+    max_restarts: int = 3  # restarts from the newest checkpoint after failures a restart can fix
+    restart_wait_s: float = 5.0  # the wait before the first restart; it doubles with each one
+    # A job without a training step for this long is stopped and restarted; the ranks' stall
+    # inspector gets it as HOROVOD_STALL_SHUTDOWN_TIME_SECONDS, to name the stalled ranks first. 0: never
+    stall_shutdown_s: float = 600.0
+    # Hosts that no longer answer the remote agent before a restart are left out while at least
+    # this many remain (null: all are needed), and the job goes on with the same global batch:
+    keep_global_batch: str = "backward_passes"  # ... by train.backward_passes_per_step, or by train.batch_size
+    # where neither keeps it exactly: true trains on with the global batch the remaining ranks
+    # make, at the linear rule's LR for it; false stops
+    allow_rescale: bool = False
+    min_hosts: Optional[int] = None
 
 
 @dataclass
@@ -167,6 +190,7 @@ class RunConfig:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    fault: FaultConfig = field(default_factory=FaultConfig)
     dry_run: bool = False
     profile: bool = False  # measure one device's training step (profiling.py) for the plan's prediction
     resume: Optional[str] = None  # a run directory to continue
@@ -319,7 +343,7 @@ def claim_run_dir(cfg, run_dir):
     the keys the command line may change (RESUMABLE_KEYS) are written into it, so that its
     workers, and any later resume, train with them."""
     if cfg.resume:
-        _update_saved_config(run_dir / "config.yaml", {key: OmegaConf.select(cfg, key) for key in RESUMABLE_KEYS})
+        update_saved_config(run_dir / "config.yaml", {key: OmegaConf.select(cfg, key) for key in RESUMABLE_KEYS})
         return
     if (run_dir / "config.yaml").exists():
         raise ConfigError(f"the run directory {run_dir} already holds a run: continue it with resume={run_dir}, "
@@ -327,7 +351,7 @@ def claim_run_dir(cfg, run_dir):
     OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
 
 
-def _update_saved_config(path, values):
+def update_saved_config(path, values):
     """Set `values` (dotted keys) in the config.yaml at `path`, replaced atomically, and only
     where something changes."""
     from hvdtrain.training.checkpoint import write_atomically  # which imports this module
@@ -352,9 +376,10 @@ def autocast_precision(cfg, device_kind):
 
 
 def config_hash(cfg):
-    """Identifies what a checkpoint was trained with: everything but where and how it was launched."""
+    """Identifies what a checkpoint was trained with: everything but where and how it was launched
+    and supervised."""
     training = {key: value for key, value in OmegaConf.to_container(cfg, resolve=True).items()
-                if key not in ("cluster", "dry_run", "profile", "resume")}
+                if key not in ("cluster", "fault", "dry_run", "profile", "resume")}
     return hashlib.sha256(OmegaConf.to_yaml(OmegaConf.create(training)).encode()).hexdigest()[:16]
 
 
@@ -482,6 +507,15 @@ def validate(cfg):
     check(train.eval_every_epochs >= 1, "train.eval_every_epochs", "must be at least 1")
     check(train.checkpoint_every_steps >= 0, "train.checkpoint_every_steps", "must be 0 (epoch ends only) or more")
     check(train.keep_checkpoints >= 1, "train.keep_checkpoints", "must keep at least 1")
+    check(train.checkpoint_every_s >= 0, "train.checkpoint_every_s", "must be 0 (off) or a number of seconds")
+    fault = cfg.fault
+    check(fault.max_restarts >= 0, "fault.max_restarts", "must be 0 (never restart) or more")
+    check(fault.restart_wait_s >= 0, "fault.restart_wait_s", "must not be negative")
+    check(fault.stall_shutdown_s >= 0, "fault.stall_shutdown_s", "must be 0 (never) or a number of seconds")
+    check(fault.keep_global_batch in KEEP_GLOBAL_BATCH_BY, "fault.keep_global_batch",
+          f"allowed: {', '.join(KEEP_GLOBAL_BATCH_BY)}")
+    check(fault.min_hosts is None or 1 <= fault.min_hosts <= cfg.cluster.num_hosts, "fault.min_hosts",
+          f"must be between 1 and the layout's {cfg.cluster.num_hosts} hosts, or null (all of them)")
     if problems:
         raise ConfigError(_listing(problems))
 

@@ -88,9 +88,7 @@ def mpirun_command(program: Sequence[str], hosts: Optional[List[Host]] = None, n
 def run(command, env=None, timeout=None, capture=False):
     """Run a launcher command in a session of its own; on timeout or Ctrl-C, stop the whole job
     (see `stop`) and raise subprocess.TimeoutExpired or KeyboardInterrupt."""
-    process = subprocess.Popen(command, env=env, start_new_session=True, text=True,
-                               stdout=subprocess.PIPE if capture else None,
-                               stderr=subprocess.STDOUT if capture else None)
+    process = start(command, env=env, capture=capture)
     try:
         output, _ = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -101,6 +99,13 @@ def run(command, env=None, timeout=None, capture=False):
         stop(process)
         raise
     return subprocess.CompletedProcess(command, process.returncode, output, None)
+
+
+def start(command, env=None, capture=False):
+    """Start a launcher command in a session of its own, so that `stop` finds all of its job."""
+    return subprocess.Popen(command, env=env, start_new_session=True, text=True,
+                            stdout=subprocess.PIPE if capture else None,
+                            stderr=subprocess.STDOUT if capture else None)
 
 
 def stop(process, grace_s=5.0):

@@ -11,6 +11,7 @@ from hvdtrain import tasks
 from hvdtrain.runner.config import invalid
 from hvdtrain.runner.devices import Device
 from hvdtrain.runner.launcher import Host
+from hvdtrain.runner.supervisor import supervised
 from hvdtrain.training.lr_schedule import warmup_length
 
 
@@ -31,6 +32,7 @@ class Plan:
     device: str  # cpu or cuda; auto where hosts other than this machine decide when the job starts
     gpus_per_host: Optional[int]  # on CUDA, one GPU per rank (the most ranks a host has); else null
     device_reason: str
+    restarts: int  # the most restarts after failures (fault.max_restarts); 0 in a job hvdtrain did not launch
     launch_command: List[str] = field(default_factory=list)
 
     def as_json(self):
@@ -70,6 +72,7 @@ def make_plan(cfg, hosts, device: Device, launch_command=(), train_size=None):
         device=device.kind,
         gpus_per_host=max(host.slots for host in hosts) if device.kind == "cuda" else None,
         device_reason=device.reason,
+        restarts=cfg.fault.max_restarts if supervised() else 0,
         launch_command=list(launch_command),
     )
 
@@ -84,6 +87,12 @@ def warmup_text(plan):
     if not plan.warmup_epochs:
         return "no warmup"
     return f"{plan.warmup} warmup {plan.warmup_epochs:g} epochs"
+
+
+def restarts_text(plan):
+    if supervised():
+        return f"up to {plan.restarts} (fault.max_restarts), each from the newest checkpoint"
+    return "none: mpirun or srun started this job, and only they could start it again"
 
 
 def summary(plan, cfg, run_dir):
@@ -103,6 +112,7 @@ def summary(plan, cfg, run_dir):
         f"  LR           {plan.base_lr:g} per {plan.base_batch_size} samples -> peak {plan.peak_lr:g}"
         f" (linear scaling), {warmup_text(plan)}, then {decay}",
         f"  training     {plan.epochs} epochs x {steps} steps",
+        f"  restarts     {restarts_text(plan)}",
         "  target       " + (f"{target.metric} {target.value:g} ({target.source})" if target else "none"),
         f"  run dir      {run_dir}",
     ]

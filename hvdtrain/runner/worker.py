@@ -21,7 +21,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from hvdtrain.runner import devices
+from hvdtrain.runner import devices, supervisor
 from hvdtrain.runner.config import ConfigError, claim_run_dir, load_run_config, typed
 from hvdtrain.training.tensorflow_startup import import_tensorflow
 
@@ -37,7 +37,7 @@ def main():
     except ConfigError as error:
         if core.rank() == 0:  # every rank has it; one says it
             print(f"hvdtrain: {error}", file=sys.stderr, flush=True)
-        sys.exit(2)
+        sys.exit(supervisor.EXIT_CONFIG)
     _train_or_exit(cfg, run_dir)
 
 
@@ -91,7 +91,7 @@ def _agreed_device_or_exit(cfg):
     except ConfigError as error:
         if core.rank() == 0:
             print(f"hvdtrain: {error}", file=sys.stderr, flush=True)
-        sys.exit(2)
+        sys.exit(supervisor.EXIT_CONFIG)
 
 
 def _train_or_exit(cfg, run_dir):
@@ -106,8 +106,9 @@ def _train_or_exit(cfg, run_dir):
         rank = next((os.environ[name] for name in RANK_VARIABLES if name in os.environ), "0")
         print(f"hvdtrain: rank {rank} failed: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
         # Exit at once, past atexit: an orderly shutdown would wait for ranks that may be stuck
-        # in a collective with this one; mpirun then stops them.
-        os._exit(1)
+        # in a collective with this one; mpirun then stops them. The status tells `hvdtrain`
+        # whether a restart can help.
+        os._exit(supervisor.exit_status(error))
 
 
 if __name__ == "__main__":

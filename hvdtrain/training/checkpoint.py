@@ -104,13 +104,15 @@ def metadata(cfg, epoch, step, global_step, world_size, metrics, elapsed_s, trai
     needs besides the framework's state to go on exactly as this one would (see sharding.py for
     why no RNG state is needed), what identifies the run, and the time it has taken so far
     (`elapsed_s` of wall time, `train_s` of it inside training steps)."""
+    global_batch = world_size * cfg.train.batch_size * cfg.train.backward_passes_per_step
     return {
         "epoch": epoch,
         "step": step,
         "global_step": global_step,
-        "samples_done_in_epoch": step * cfg.train.batch_size * cfg.train.backward_passes_per_step,
+        "samples_done_in_epoch": step * global_batch,  # of every rank: where a smaller world goes on
         "seed": cfg.train.seed,
         "world_size": world_size,
+        "global_batch_size": global_batch,
         "config_hash": compatibility_hash(cfg),
         "metrics": metrics,
         "elapsed_s": elapsed_s,
@@ -121,12 +123,25 @@ def metadata(cfg, epoch, step, global_step, world_size, metrics, elapsed_s, trai
 def compatibility_hash(cfg):
     """What a checkpoint must agree on with the run that resumes from it: the config without
     train.epochs, which says only where training stops (resume=DIR train.epochs=N extends a run;
-    the LR schedule takes it as an argument, see lr_schedule.py), and without train.device, which
-    says only where it trains (resume=DIR train.device=cpu goes on from a GPU's checkpoint)."""
+    the LR schedule takes it as an argument, see lr_schedule.py), without train.device, which
+    says only where it trains (resume=DIR train.device=cpu goes on from a GPU's checkpoint), and
+    without how the global batch is divided between ranks, which changes when a restart leaves
+    out lost hosts (runner/supervisor.py; `_mismatch` compares the global batch). config_hash
+    leaves out the hosts and the supervision (cluster, fault) anyway."""
     unbounded = copy.deepcopy(cfg)
     unbounded.train.epochs = 0
     unbounded.train.device = "any"
+    unbounded.train.batch_size = unbounded.train.backward_passes_per_step = 0
     return config_hash(unbounded)
+
+
+def step_in_epoch(state, global_batch):
+    """The step of its epoch a run with `global_batch` resumes from `state` at: the checkpoint's,
+    or, where the global batch has changed (fault.allow_rescale), the first step whose samples
+    the checkpoint's run had not trained on."""
+    if state.get("global_batch_size", global_batch) == global_batch:
+        return state["step"]
+    return -(-state["samples_done_in_epoch"] // global_batch)
 
 
 def resume_state(directory, cfg, decode):
@@ -154,7 +169,13 @@ def _mismatch(state, cfg, path, world_size):
     if state["epoch"] > cfg.train.epochs:
         return (f"checkpoint {path} has {state['epoch']} epochs done, more than train.epochs={cfg.train.epochs} "
                 f"of this run")
-    if state["world_size"] != world_size:
+    global_batch = world_size * cfg.train.batch_size * cfg.train.backward_passes_per_step
+    if "global_batch_size" not in state and state["world_size"] != world_size:  # written before it was recorded
         return (f"checkpoint {path} was written by {state['world_size']} ranks and this run has {world_size}: "
                 f"resume on the same number of ranks")
+    if state.get("global_batch_size", global_batch) != global_batch and not cfg.fault.allow_rescale:
+        return (f"checkpoint {path} was trained with a global batch of {state['global_batch_size']} and this run's is "
+                f"{global_batch} ({world_size} ranks x train.batch_size={cfg.train.batch_size} x "
+                f"train.backward_passes_per_step={cfg.train.backward_passes_per_step}); fault.allow_rescale=true "
+                f"goes on at the linear rule's LR for it")
     return None

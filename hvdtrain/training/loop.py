@@ -1,8 +1,9 @@
 """The story both training loops tell, told once: start from rank 0's weights or from the newest
 valid checkpoint that rank 0 reads and broadcasts; for each epoch from there, each rank trains on
 its shard (sharding.py) step by step at the LR of the schedule (lr_schedule.py), checkpoints every
-`train.checkpoint_every_steps` steps and at the epoch's end, evaluates every
-`train.eval_every_epochs` epochs and at the last; progress and results along the way (progress.py).
+`train.checkpoint_every_steps` steps, every `train.checkpoint_every_s` seconds (at a logged step)
+and at the epoch's end, evaluates every `train.eval_every_epochs` epochs and at the last;
+progress and results along the way (progress.py).
 
 train_torch.py and train_tensorflow.py call `run` with their framework's part of each of these
 as plain functions; this module imports no framework (the ranks' identity comes from the core
@@ -49,9 +50,10 @@ def run(cfg, plan, run_dir, session_start, train_size, *, decode, restore, broad
             metadata = checkpoint.metadata(cfg, epoch, step, global_step, core.size(), metrics,
                                            progress.elapsed_s(), progress.train_s())
             checkpoint.save(run_dir / "checkpoints", metadata, state, cfg.train.keep_checkpoints)
+        progress.checkpointed()
 
     for epoch in range(start["epoch"], epochs):
-        first = start["step"] if epoch == start["epoch"] else 0
+        first = checkpoint.step_in_epoch(start, plan.global_batch_size) if epoch == start["epoch"] else 0
         shard = sharding.train_shard(train_size, cfg.train.seed, epoch, core.rank(), core.size())
         batches = epoch_batches(epoch, shard[first * samples_per_step:steps * samples_per_step])
         for step in range(first, steps):
@@ -59,8 +61,8 @@ def run(cfg, plan, run_dir, session_start, train_size, *, decode, restore, broad
             lr = learning_rate(epoch + step / steps, cfg.schedule, plan.base_lr, plan.peak_lr, epochs)
             loss = train_step(batches, lr, global_step)
             global_step += 1
-            progress.step_done(epoch, step, global_step, lr, loss, time.perf_counter() - began)
-            if every and global_step % every == 0 and step < steps - 1:
+            due = progress.step_done(epoch, step, global_step, lr, loss, time.perf_counter() - began)
+            if (due or (every and global_step % every == 0)) and step < steps - 1:
                 save(epoch, step + 1, global_step, metrics)
 
         if evaluate and ((epoch + 1) % cfg.train.eval_every_epochs == 0 or epoch + 1 == epochs):

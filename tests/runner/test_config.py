@@ -83,6 +83,7 @@ def test_dry_run_of_resnet101_on_4x4_prints_the_plan():
         "gpus_per_host": None,
         "device_reason": "train.device=auto: decided when the job starts: CUDA if every host has a GPU for each "
                          "of its ranks, else the CPU",
+        "restarts": 3,  # fault.max_restarts: hvdtrain launches this job, so it supervises it
         "predicted_efficiency": None,  # the prediction's cases: tests/runner/test_prediction.py
         "predicted_samples_per_s": None,
         "prediction_missing": "unknown: cluster.network.gbps (between hosts, e.g. cluster.network.gbps=25); one "

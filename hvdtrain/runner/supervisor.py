@@ -1,0 +1,318 @@
+"""`hvdtrain` watching the job it launched, and starting it again where a restart can help.
+
+A failed job is told apart by mpirun's exit status, which is the status of the first rank that
+ended abnormally (128 + the signal for one that was killed):
+- a refused config (2) and a Python exception on a rank (EXIT_RANK_ERROR, worker.py) would meet
+  the same error again: no restart;
+- anything else -- a rank killed by a signal (the kernel's OOM killer, a reboot), a rank whose
+  collectives failed because a peer went away or stalled (EXIT_COMMUNICATION), mpirun's own
+  failure when it loses a host, mpirun exiting 0 before the run finished -- and a job that made
+  no training step for `fault.stall_shutdown_s`: stop what is left of it and start it again,
+  up to `fault.max_restarts` times, waiting `fault.restart_wait_s` before the first restart and
+  twice as long before each next one. The ranks resume from the newest valid checkpoint as
+  `hvdtrain resume=RUN_DIR` would, so a restart loses the steps since that checkpoint.
+
+A hung job: a rank stuck in its data loader leaves its peers waiting in a collective, and the
+ranks' stall inspector (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS, set from `fault.stall_shutdown_s`)
+names the missing rank and shuts the job down. A rank that cannot run at all (SIGSTOP, a frozen
+host) stops every rank's engine, the inspector's too; so rank 0 also writes the number of its
+last step into the run directory's heartbeat file after every step (and as it starts, evaluates
+and finishes), and the supervisor stops the job when that file has not changed for
+`fault.stall_shutdown_s` plus a grace period that leaves the inspector the first word.
+
+Every restart is appended to metrics.jsonl (event "restart": when, why, the step it resumes
+from, the steps lost), from where results.json and the report take them.
+"""
+
+import copy
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import List
+
+from omegaconf import OmegaConf
+
+from hvdtrain.runner import cluster, launcher
+from hvdtrain.runner.config import ConfigError, update_saved_config
+from hvdtrain.training import checkpoint
+
+EXIT_CONFIG = 2  # a refused config (cli.py, worker.py)
+EXIT_RANK_ERROR = 3  # a Python exception on a rank: a bug or bad data, which a restart meets again
+EXIT_COMMUNICATION = 75  # EX_TEMPFAIL: a rank's collectives failed (a peer gone, a stall shutdown)
+NOT_RESTARTED = {
+    EXIT_CONFIG: "the config was refused",
+    EXIT_RANK_ERROR: "a rank raised an error that a restart would meet again",
+}
+SUPERVISED = "HVDTRAIN_SUPERVISED"  # set in the environment of the ranks `hvdtrain` launched
+HEARTBEAT = ".heartbeat"
+POLL_S = 0.5
+PROBE_TIMEOUT_S = 15.0
+STARTUP_S = 60.0  # the least time the ranks get from the launch to their first beat
+# What a smaller world changes in the run's config.yaml (resized)
+RESIZED_KEYS = ("cluster.hosts", "cluster.hostfile", "cluster.num_hosts", "train.batch_size",
+                "train.backward_passes_per_step")
+
+
+def supervised(env=None):
+    """Whether this process is `hvdtrain` about to launch a job, or a rank of one it launched:
+    a job that mpirun or srun started is theirs to restart, not hvdtrain's."""
+    env = os.environ if env is None else env
+    return env.get(SUPERVISED) == "1" or not cluster.inside_existing_job(env)
+
+
+def stall_grace_s(stall_shutdown_s):
+    """How much longer than the stall inspector's limit the supervisor waits for a step."""
+    return max(5.0, stall_shutdown_s / 4)
+
+
+def worker_settings(fault):
+    """The ranks' stall inspector settings for `fault` (a user's own HOROVOD_ variables win):
+    warn of a stall as Horovod does, after 60 s, or sooner where the shutdown comes sooner."""
+    if not fault.stall_shutdown_s:
+        return {}
+    return {"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": f"{fault.stall_shutdown_s:g}",
+            "HOROVOD_STALL_CHECK_TIME_SECONDS": f"{min(60.0, fault.stall_shutdown_s):g}"}
+
+
+def exit_status(error):
+    """The status a rank exits with after `error` ended its training (worker.py): whether a
+    restart can help is decided by the supervisor from it."""
+    from hvdtrain.core.exceptions import HorovodInternalError, TensorMismatchError
+
+    seen = error
+    while seen is not None:
+        if isinstance(seen, TensorMismatchError):  # ranks that disagree will disagree again
+            return EXIT_RANK_ERROR
+        if isinstance(seen, HorovodInternalError) or type(seen).__module__.startswith("mpi4py"):
+            return EXIT_COMMUNICATION
+        seen = seen.__cause__ or seen.__context__
+    # TensorFlow hands on an error of a py_function as its own type, with the original's text
+    return EXIT_COMMUNICATION if "HorovodInternalError" in str(error) else EXIT_RANK_ERROR
+
+
+class Heartbeat:
+    """Rank 0's record of its last training step: one small write per step, in place; gone
+    when the run has finished."""
+
+    def __init__(self, run_dir):
+        self.path = Path(run_dir) / HEARTBEAT
+        self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
+
+    def beat(self, global_step):
+        os.pwrite(self.fd, b"%20d\n" % global_step, 0)
+
+    def close(self):
+        os.close(self.fd)
+        self.path.unlink(missing_ok=True)
+
+
+def last_beat(run_dir):
+    """(time of the last beat, its step), or None where there has been none."""
+    path = Path(run_dir) / HEARTBEAT
+    try:
+        return path.stat().st_mtime, int(path.read_text() or 0)
+    except (OSError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one launch of the job ended: mpirun's status, or `stalled_s` where the supervisor
+    stopped it for making no step that long."""
+    returncode: int
+    stalled_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Restart:
+    event: str
+    time: float  # seconds since the epoch
+    attempt: int
+    reason: str
+    step: int  # the step it resumes from: the newest valid checkpoint's
+    steps_lost: int  # trained since that checkpoint, trained again
+    hosts_before: List[str]  # host:slots
+    hosts_after: List[str]
+
+
+def supervise(cfg, run_dir, plan, env, relaunch):
+    """Run the job of `plan` (its launch command in the environment `env`) until it finishes or
+    fails for good; returns the exit status for `hvdtrain` (0 on success). Where hosts are lost,
+    `relaunch(cfg)` gives the (plan, environment) for the smaller world. Ctrl-C or SIGTERM stops
+    the job and raises KeyboardInterrupt."""
+    fault = cfg.fault
+    restarts = 0
+    while True:
+        (Path(run_dir) / HEARTBEAT).unlink(missing_ok=True)
+        outcome = watch(plan.launch_command, {**worker_settings(fault), **env, SUPERVISED: "1"}, run_dir,
+                        fault.stall_shutdown_s)
+        reason = failure(outcome, run_dir, cfg)
+        if reason is None:
+            return 0
+        status = outcome.returncode or 1
+        resume_hint = f"Continue from the last checkpoint with: hvdtrain resume={run_dir}"
+        if status in NOT_RESTARTED and not outcome.stalled_s:
+            print(f"hvdtrain: the workers failed (mpirun exit status {status}): {NOT_RESTARTED[status]}, "
+                  f"so the job is not restarted; their errors are above. {resume_hint}", file=sys.stderr, flush=True)
+            return status
+        if restarts >= fault.max_restarts:
+            print(f"hvdtrain: {reason}; restarted {restarts} times already (fault.max_restarts={fault.max_restarts}), "
+                  f"so it stops here. {resume_hint}", file=sys.stderr, flush=True)
+            return status
+        hosts_before = plan.hosts
+        answering = reachable_hosts(hosts_before, cfg.cluster, env)
+        if len(answering) < len(hosts_before):
+            try:
+                cfg, change = resized(cfg, hosts_before, answering)
+            except ConfigError as error:
+                print(f"hvdtrain: {reason}; {error}. {resume_hint}", file=sys.stderr, flush=True)
+                return status
+            update_saved_config(Path(run_dir) / "config.yaml", {key: OmegaConf.select(cfg, key) for key in RESIZED_KEYS})
+            plan, env = relaunch(cfg)
+            print(f"hvdtrain: {change}", file=sys.stderr, flush=True)
+        restarts += 1
+        restart = record_restart(run_dir, restarts, reason, hosts_before, plan.hosts)
+        wait = fault.restart_wait_s * 2 ** (restarts - 1)
+        print(f"hvdtrain: {reason}; restart {restarts} of {fault.max_restarts} in {wait:g} s from step "
+              f"{restart.step} ({restart.steps_lost} steps lost)", file=sys.stderr, flush=True)
+        time.sleep(wait)
+
+
+def reachable_hosts(hosts, cluster, env):
+    """The hosts that answer the remote agent mpirun uses (each given PROBE_TIMEOUT_S); this
+    machine always does."""
+    agent = remote_agent(cluster, env)
+
+    def answers(host):
+        if host.host in ("localhost", "127.0.0.1", socket.gethostname()):
+            return True
+        try:
+            return subprocess.run([*agent, host.host, "true"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL, timeout=PROBE_TIMEOUT_S).returncode == 0
+        except subprocess.TimeoutExpired:
+            return False
+
+    with ThreadPoolExecutor(max_workers=min(32, len(hosts))) as pool:
+        return [host for host, ok in zip(hosts, pool.map(answers, hosts)) if ok]
+
+
+def remote_agent(cluster, env):
+    """The command mpirun reaches other hosts with: Open MPI's plm_ssh_agent (or its older name
+    plm_rsh_agent) from cluster.mpirun_args or the environment, else ssh."""
+    args = list(cluster.mpirun_args)
+    for option, name, value in zip(args, args[1:], args[2:]):
+        if option in ("--mca", "-mca") and name in ("plm_ssh_agent", "plm_rsh_agent"):
+            return shlex.split(value)
+    for name in ("OMPI_MCA_plm_ssh_agent", "OMPI_MCA_plm_rsh_agent"):
+        if env.get(name):
+            return shlex.split(env[name])
+    return ["ssh", "-o", "BatchMode=yes"]
+
+
+def resized(cfg, hosts_before, hosts_after):
+    """(cfg for `hosts_after` with the global batch of `hosts_before`, what changed in words), or
+    ConfigError where that cannot be (too few hosts left, a global batch that does not divide
+    without fault.allow_rescale)."""
+    fault, train = cfg.fault, cfg.train
+    lost = [h.host for h in hosts_before if h not in hosts_after]
+    lost = f"host {lost[0]} does" if len(lost) == 1 else f"hosts {', '.join(lost)} do"
+    needed = fault.min_hosts or len(hosts_before)
+    if len(hosts_after) < needed:
+        raise ConfigError(f"{lost} not answer, and {len(hosts_after)} of {len(hosts_before)} hosts are "
+                          f"fewer than fault.min_hosts={fault.min_hosts} allows")
+    ranks_before, ranks_after = (sum(h.slots for h in hosts) for hosts in (hosts_before, hosts_after))
+    global_batch = ranks_before * train.batch_size * train.backward_passes_per_step
+    cfg = copy.deepcopy(cfg)
+    cfg.cluster.hosts, cfg.cluster.hostfile = [f"{h.host}:{h.slots}" for h in hosts_after], None
+    cfg.cluster.num_hosts = len(hosts_after)
+    by_passes = fault.keep_global_batch == "backward_passes"
+    key = "train.backward_passes_per_step" if by_passes else "train.batch_size"
+    others = ranks_after * (train.batch_size if by_passes else train.backward_passes_per_step)
+    before = train.backward_passes_per_step if by_passes else train.batch_size
+    where = f"{lost} not answer; going on with {len(hosts_after)} of {len(hosts_before)} hosts"
+    if global_batch % others == 0:
+        OmegaConf.update(cfg, key, global_batch // others)
+        return cfg, (f"{where}, {ranks_after} ranks, the global batch of {global_batch} kept by "
+                     f"{key}={global_batch // others} (it was {before})")
+    if not fault.allow_rescale:
+        raise ConfigError(f"{where} would need {key}={global_batch}/{others} to keep the global batch of "
+                          f"{global_batch}, not a whole number; set fault.allow_rescale=true to go on with "
+                          f"{ranks_after * train.batch_size * train.backward_passes_per_step} at the linear rule's LR, "
+                          f"or fault.keep_global_batch to the other way")
+    rescaled = ranks_after * train.batch_size * train.backward_passes_per_step
+    return cfg, (f"{where}, {ranks_after} ranks; the global batch of {global_batch} cannot be kept "
+                 f"(fault.allow_rescale=true): {rescaled} from here, at the LR the linear rule gives it, "
+                 f"{cfg.optimizer.base_lr * rescaled / cfg.optimizer.base_batch_size:g} at the peak instead of "
+                 f"{cfg.optimizer.base_lr * global_batch / cfg.optimizer.base_batch_size:g}")
+
+
+def watch(command, env, run_dir, stall_shutdown_s):
+    """Run `command` to its end, or stop it when rank 0's heartbeat has been quiet for longer than
+    `stall_shutdown_s` and its grace (from the launch to the first beat, at least STARTUP_S:
+    starting Python, the frameworks and MPI is not a stall)."""
+    process = launcher.start(command, env=env)
+    latest, beaten = time.time(), False  # of the launch or of the last beat seen (the file goes when the run ends)
+    limit = stall_shutdown_s + stall_grace_s(stall_shutdown_s) if stall_shutdown_s else None
+    try:
+        while process.poll() is None:
+            time.sleep(POLL_S)
+            beat = last_beat(run_dir)
+            if beat:
+                latest, beaten = max(latest, beat[0]), True
+            quiet_s = time.time() - latest
+            allowed = limit if beaten or limit is None else max(limit, STARTUP_S)
+            if limit is not None and quiet_s > allowed and process.poll() is None:
+                launcher.stop(process)
+                return Outcome(process.returncode, stalled_s=quiet_s)
+    except KeyboardInterrupt:
+        launcher.stop(process)
+        raise
+    return Outcome(process.returncode)
+
+
+def failure(outcome, run_dir, cfg):
+    """Why the job failed, in words, or None where it finished the run."""
+    status = outcome.returncode
+    if outcome.stalled_s:
+        return (f"the job made no training step for {outcome.stalled_s:.0f} s (fault.stall_shutdown_s="
+                f"{cfg.fault.stall_shutdown_s:g}) and was stopped")
+    if status == 0:
+        done = epochs_completed(run_dir)
+        if done >= cfg.train.epochs:
+            return None
+        # mpirun has been seen to exit 0 after losing a remote daemon
+        return f"mpirun exited 0 but the run finished {done} of {cfg.train.epochs} epochs"
+    if status > 128 and status - 128 in signal.valid_signals():
+        return f"a rank was killed by {signal.Signals(status - 128).name} (mpirun exit status {status})"
+    if status == EXIT_COMMUNICATION:
+        return f"a rank's collectives failed: a peer went away or stalled (exit status {status})"
+    return f"the workers failed (mpirun exit status {status})"
+
+
+def epochs_completed(run_dir):
+    try:
+        return json.loads((Path(run_dir) / "results.json").read_text())["epochs_completed"]
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+def record_restart(run_dir, attempt, reason, hosts_before, hosts_after):
+    """Append the restart to the run's metrics.jsonl: it resumes from the newest valid checkpoint,
+    and the steps rank 0 made after it are lost."""
+    newest = checkpoint.newest_metadata(Path(run_dir) / "checkpoints")
+    step = newest["global_step"] if newest else 0
+    beat = last_beat(run_dir)
+    reached = beat[1] if beat else step
+    restart = Restart("restart", time.time(), attempt, reason, step, max(0, reached - step),
+                      [f"{h.host}:{h.slots}" for h in hosts_before], [f"{h.host}:{h.slots}" for h in hosts_after])
+    with open(Path(run_dir) / "metrics.jsonl", "a") as log:
+        log.write(json.dumps(asdict(restart)) + "\n")
+    return restart
