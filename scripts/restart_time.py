@@ -1,12 +1,15 @@
 """How long a restart takes: from a rank killed by SIGKILL to the first training step after it.
 
-Runs `hvdtrain` (the digits recipe on 2 local ranks, long enough not to end first; any extra
-arguments are passed on), kills rank 1 once the run has checkpointed, and watches rank 0's
-heartbeat file (runner/supervisor.py) for the first step after the checkpoint it resumes from.
-Prints one line per round and the median; fault.restart_wait_s is set to 0 here, so add it
-(5 s by default, doubling with each restart) to what a user waits.
+Two cases, each run in rounds; the median is printed:
+- `hvdtrain` (the digits recipe on 2 local ranks, long enough not to end first; extra arguments
+  are passed on): rank 1 is killed once the run has checkpointed; rank 0's heartbeat file
+  (runner/supervisor.py) shows the first step after the checkpoint it resumes from.
+  fault.restart_wait_s is set to 0 here: add it (5 s by default, doubling) to what a user waits.
+- `--elastic`: a Horovod Elastic PyTorch script (a small model, a commit every 5 steps, each step
+  logged with its time) under `hvdtrun --host-discovery-script` on 2 local ranks: rank 1 is
+  killed after step 20; hvdtrun starts the job again and the script goes on from its last commit.
 
-    .venv/bin/python scripts/restart_time.py [--rounds 3] [HVDTRAIN_ARGS ...]
+    .venv/bin/python scripts/restart_time.py [--rounds 3] [--elastic] [HVDTRAIN_ARGS ...]
 """
 
 import argparse
@@ -24,15 +27,7 @@ from hvdtrain.training import checkpoint
 
 
 def rank_pid(run_dir, rank):
-    for proc in Path("/proc").iterdir():
-        try:
-            if not proc.name.isdigit() or f"hvdtrain.runner.worker\0{run_dir}".encode() not in (proc / "cmdline").read_bytes():
-                continue
-            if f"OMPI_COMM_WORLD_RANK={rank}".encode() in (proc / "environ").read_bytes().split(b"\0"):
-                return int(proc.name)
-        except OSError:
-            pass
-    return None
+    return rank_pid_of(f"hvdtrain.runner.worker\0{run_dir}", rank)
 
 
 def wait_for(condition, timeout=300):
@@ -65,14 +60,82 @@ def one_round(directory, extra):
         process.wait(timeout=60)
 
 
+ELASTIC_SCRIPT = """
+import sys, time
+import torch
+import hvdtrain.torch as hvd
+
+hvd.init()
+model = torch.nn.Linear(64, 64)
+optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                     named_parameters=model.named_parameters())
+
+@hvd.elastic.run
+def train(state):
+    while state.step < 100000:
+        optimizer.zero_grad()
+        model(torch.randn(32, 64)).square().mean().backward()
+        optimizer.step()
+        state.step += 1
+        if hvd.rank() == 0:
+            with open(sys.argv[1], "a") as log:
+                log.write(f"{state.step} {time.time()}\\n")
+        if state.step % 5 == 0:
+            state.commit()
+        time.sleep(0.01)
+
+train(hvd.elastic.TorchState(model, optimizer, step=0))
+"""
+
+
+def one_elastic_round(directory, extra):
+    directory = Path(directory)
+    (directory / "train.py").write_text(ELASTIC_SCRIPT)
+    (directory / "discover.sh").write_text("#!/bin/sh\necho localhost:2\n")
+    (directory / "discover.sh").chmod(0o755)
+    progress = directory / "progress.txt"
+    process = subprocess.Popen([sys.executable, "-m", "hvdtrain.runner.hvdtrun", "--host-discovery-script",
+                                str(directory / "discover.sh"), "--min-np", "2", *extra, sys.executable,
+                                str(directory / "train.py"), str(progress)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def steps():
+        return [line.split() for line in progress.read_text().splitlines()] if progress.exists() else []
+
+    try:
+        wait_for(lambda: len(steps()) >= 20)
+        victim = wait_for(lambda: rank_pid_of(str(directory / "train.py"), 1))
+        killed = time.time()
+        os.kill(victim, signal.SIGKILL)
+        # the first step the new job logs (the killed one cannot make a step without rank 1)
+        after = wait_for(lambda: next((float(t) for _, t in steps() if float(t) > killed + 0.5), None))
+        return after - killed
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=60)
+
+
+def rank_pid_of(script, rank):
+    for proc in Path("/proc").iterdir():
+        try:
+            if not proc.name.isdigit() or script.encode() not in (proc / "cmdline").read_bytes():
+                continue
+            if f"OMPI_COMM_WORLD_RANK={rank}".encode() in (proc / "environ").read_bytes().split(b"\0"):
+                return int(proc.name)
+        except OSError:
+            pass
+    return None
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--elastic", action="store_true", help="a Horovod Elastic script under hvdtrun")
     args, extra = parser.parse_known_args()
     times = []
     for round_number in range(args.rounds):
         with tempfile.TemporaryDirectory() as directory:
-            times.append(one_round(directory, extra))
+            times.append((one_elastic_round if args.elastic else one_round)(directory, extra))
         print(f"round {round_number + 1}: {times[-1]:.2f} s from the kill to the first step after the restart", flush=True)
     print(f"median of {len(times)}: {statistics.median(times):.2f} s")
 

@@ -14,7 +14,7 @@ from hvdtrain.tensorflow import (  # noqa: F401 (re-exported)
     broadcast_variables,
 )
 
-from . import callbacks
+from . import callbacks, elastic
 from .optimizer import DistributedOptimizer, PartialDistributedOptimizer, load_model  # noqa: F401 (re-exported)
 
 

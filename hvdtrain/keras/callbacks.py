@@ -7,13 +7,7 @@ import tensorflow as tf
 
 from hvdtrain import core
 from hvdtrain.tensorflow.collectives import broadcast_variables
-from hvdtrain.tensorflow.gradients import variable_key
-
-
-def optimizer_variables(optimizer):
-    """An optimizer's variables: a method in tf-keras, a list in Keras 3."""
-    variables = optimizer.variables
-    return list(variables() if callable(variables) else variables)
+from hvdtrain.tensorflow.gradients import optimizer_variables, variable_key
 
 
 def model_and_optimizer_variables(model):

@@ -97,7 +97,10 @@ def run(cfg, run_dir):
     plan, environment = _launch_plan(cfg, run_dir)
     claim_run_dir(cfg, run_dir)
     print(f"hvdtrain: starting {plan.world_size} workers: {shlex.join(plan.launch_command)}", flush=True)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a scheduler's SIGTERM stops the workers too
+    # A scheduler's SIGTERM stops the workers too, and so does SIGINT where the shell started us in
+    # the background, which leaves SIGINT ignored
+    for stop_signal in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(stop_signal, signal.default_int_handler)
     try:
         status = supervisor.supervise(cfg, run_dir, plan, environment, relaunch=lambda cfg: _launch_plan(cfg, run_dir))
     except KeyboardInterrupt:

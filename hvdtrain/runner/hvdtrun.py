@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional
 
 from hvdtrain import __version__
-from hvdtrain.runner import launcher
+from hvdtrain.runner import elastic_driver, launcher
 
 DEFAULT_START_TIMEOUT_S = 30  # horovodrun's
 START_TIMEOUT_VARIABLE = "HOROVOD_START_TIMEOUT"
@@ -56,7 +56,6 @@ LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")  # horovodr
 LOCAL_HOST_NAMES = ("localhost", "127.0.0.1")
 SIOCGIFADDR = 0x8915  # Linux ioctl: an interface's IPv4 address
 
-ELASTIC = "elastic jobs are not supported by hvdtrun yet"
 AUTOTUNE = "hvdtrain does not autotune; set --fusion-threshold-mb and --cycle-time-ms yourself"
 GLOO = "hvdtrain has no Gloo controller; it runs on MPI"
 LOG_TIME = "HOROVOD_LOG_HIDE_TIME is not implemented by hvdtrain"
@@ -78,9 +77,7 @@ REFUSED = {
     "--autotune": AUTOTUNE, "--no-autotune": AUTOTUNE, "--autotune-log-file": AUTOTUNE,
     "--autotune-warmup-samples": AUTOTUNE, "--autotune-steps-per-sample": AUTOTUNE,
     "--autotune-bayes-opt-max-samples": AUTOTUNE, "--autotune-gaussian-process-noise": AUTOTUNE,
-    "--min-np": ELASTIC, "--min-num-proc": ELASTIC, "--max-np": ELASTIC, "--max-num-proc": ELASTIC,
-    "--slots-per-host": ELASTIC, "--elastic-timeout": ELASTIC, "--reset-limit": ELASTIC,
-    "--blacklist-cooldown-range": ELASTIC, "--host-discovery-script": ELASTIC,
+    "--blacklist-cooldown-range": "hvdtrun does not blacklist hosts: a host the discovery script lists is used",
     "--mpi-threads-disable": "hvdtrain's engine always runs MPI with thread support",
     "--no-mpi-threads-disable": "hvdtrain's engine always runs MPI with thread support",
     "--tcp": "choose Open MPI's transports with --mpi-args (e.g. --mca btl self,tcp)",
@@ -124,6 +121,13 @@ class Options:
     log_level: Optional[str] = None
     mpi_args: Optional[str] = None
     network_interfaces: List[str] = field(default_factory=list)
+    # elastic mode (elastic_driver.py)
+    host_discovery_script: Optional[str] = None
+    min_np: Optional[int] = None
+    max_np: Optional[int] = None
+    slots_per_host: Optional[int] = None
+    reset_limit: Optional[int] = None
+    elastic_timeout: Optional[int] = None
     command: List[str] = field(default_factory=list)
 
 
@@ -175,7 +179,16 @@ VALUE_FLAGS = {
     "--mpi-args": ("mpi_args", str),
     "--network-interface": ("network_interfaces", str),
     "--network-interfaces": ("network_interfaces", str),
+    "--host-discovery-script": ("host_discovery_script", str),
+    "--min-np": ("min_np", positive_int), "--min-num-proc": ("min_np", positive_int),
+    "--max-np": ("max_np", positive_int), "--max-num-proc": ("max_np", positive_int),
+    "--slots-per-host": ("slots_per_host", positive_int),
+    "--reset-limit": ("reset_limit", non_negative_int),
+    "--elastic-timeout": ("elastic_timeout", positive_int),
 }
+ELASTIC_FLAGS = {"min_np": "--min-np", "max_np": "--max-np", "slots_per_host": "--slots-per-host",
+                 "reset_limit": "--reset-limit", "elastic_timeout": "--elastic-timeout"}
+DEFAULT_ELASTIC_TIMEOUT_S = 600  # horovodrun's
 # Flags without a value: the Options field and the value they set. The negations are
 # horovodrun's too (hidden from its help): they state its defaults explicitly.
 SWITCHES = {
@@ -205,7 +218,12 @@ Runs COMMAND on N ranks with mpirun, as Horovod's horovodrun does. Flags (horovo
   --verbose                             show the mpirun command and when all ranks have started
   -cb, --check-build                    show what this install supports
   -v, --version                         show hvdtrain's version
-Other horovodrun flags, elastic jobs among them, are refused."""
+Elastic jobs (Horovod Elastic scripts; the job is started again on the hosts there are):
+  --host-discovery-script S             prints the hosts, HOST or HOST:SLOTS per line
+  --min-np N, --max-np M                the fewest ranks to run on (default -np), the most
+  --slots-per-host N                    slots of a host printed without them (default 1)
+  --reset-limit N, --elastic-timeout S  the most restarts; the longest wait for --min-np slots
+Other horovodrun flags are refused."""
 
 
 def parse_command_line(argv):
@@ -248,7 +266,16 @@ def parse_command_line(argv):
     options.command = argv[index:]
     if options.show_help or options.show_version or options.check_build:
         return options
-    if options.num_proc is None:
+    if options.host_discovery_script is None:
+        given = [flag for name, flag in ELASTIC_FLAGS.items() if getattr(options, name) is not None]
+        if given:
+            raise UsageError(f"{given[0]} is for elastic jobs: it needs --host-discovery-script")
+    elif options.hosts or options.hostfile:
+        raise UsageError("-H/--hosts and --hostfile name fixed hosts; an elastic job's come from "
+                         "--host-discovery-script")
+    elif options.min_np and options.max_np and options.min_np > options.max_np:
+        raise UsageError(f"--min-np {options.min_np} is more than --max-np {options.max_np}")
+    if options.num_proc is None and options.host_discovery_script is None:
         raise UsageError("-np/--num-proc is required: the number of ranks to start")
     if not options.command:
         raise UsageError("no command to run (e.g. hvdtrun -np 2 python train.py)")
@@ -465,7 +492,10 @@ def launch(options, hosts, extra_args, watch):
     command = launcher.mpirun_command(program, hosts, num_proc=options.num_proc, env=env, extra_args=extra_args)
     if options.verbose:
         print(f"hvdtrun: starting {options.num_proc} ranks: {shlex.join(command)}", file=sys.stderr, flush=True)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a scheduler's SIGTERM stops the ranks too
+    # A scheduler's SIGTERM stops the ranks too, and so does SIGINT (the start timeout's too) where
+    # the shell started us in the background, which leaves SIGINT ignored
+    for stop_signal in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(stop_signal, signal.default_int_handler)
     threading.Thread(target=watch_start, args=(watch, threading.get_ident()), daemon=True).start()
     try:
         result = launcher.run(command, env=env)
@@ -528,14 +558,36 @@ def main(argv=None):
         if options.check_build:
             print(check_build_report())
             sys.exit(0)
-        hosts = job_hosts(options)
         extra_args = mpirun_extra_args(options)
-        watch = open_start_watch(options, hosts, start_timeout_s(options, os.environ))
+        timeout_s = start_timeout_s(options, os.environ)
+        if options.host_discovery_script is not None:
+            sys.exit(run_elastically(options, extra_args, timeout_s))
+        hosts = job_hosts(options)
+        watch = open_start_watch(options, hosts, timeout_s)
     except UsageError as error:
         print(f"hvdtrun: {error}", file=sys.stderr)
         sys.exit(2)
     with watch.listener:
         sys.exit(launch(options, hosts, extra_args, watch))
+
+
+def run_elastically(options, extra_args, timeout_s):
+    """The elastic mode (elastic_driver.py): each start of the job is one `launch`."""
+    elastic = elastic_driver.ElasticOptions(
+        discovery_script=options.host_discovery_script,
+        min_np=options.min_np or options.num_proc or 1,
+        max_np=options.max_np,
+        slots_per_host=options.slots_per_host or 1,
+        reset_limit=options.reset_limit,
+        elastic_timeout_s=options.elastic_timeout or DEFAULT_ELASTIC_TIMEOUT_S)
+
+    def start_job(job_options, hosts):
+        watch = open_start_watch(job_options, hosts, timeout_s)
+        with watch.listener:
+            return launch(job_options, hosts, extra_args, watch)
+
+    addresses = interface_addresses(options.network_interfaces) or interface_addresses([])
+    return elastic_driver.run_elastic(options, elastic, start_job, addresses)
 
 
 if __name__ == "__main__":

@@ -40,13 +40,13 @@ from typing import List
 
 from omegaconf import OmegaConf
 
+from hvdtrain.core.elastic import EXIT_COMMUNICATION  # a rank's collectives failed (a peer gone, a stall)
 from hvdtrain.runner import cluster, launcher
 from hvdtrain.runner.config import ConfigError, update_saved_config
 from hvdtrain.training import checkpoint
 
 EXIT_CONFIG = 2  # a refused config (cli.py, worker.py)
 EXIT_RANK_ERROR = 3  # a Python exception on a rank: a bug or bad data, which a restart meets again
-EXIT_COMMUNICATION = 75  # EX_TEMPFAIL: a rank's collectives failed (a peer gone, a stall shutdown)
 NOT_RESTARTED = {
     EXIT_CONFIG: "the config was refused",
     EXIT_RANK_ERROR: "a rank raised an error that a restart would meet again",

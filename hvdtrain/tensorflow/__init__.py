@@ -46,3 +46,5 @@ def __getattr__(name):
 
         return SyncBatchNormalization
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+from . import elastic  # noqa: E402 (hvd.elastic.run, hvd.elastic.TensorFlowKerasState, ...)

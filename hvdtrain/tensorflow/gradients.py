@@ -79,6 +79,12 @@ class GradientReduction:
         return [group for group in explicit if group] + alone
 
 
+def optimizer_variables(optimizer):
+    """An optimizer's variables: a method in tf-keras, a list in Keras 3."""
+    variables = optimizer.variables
+    return list(variables() if callable(variables) else variables)
+
+
 def variable_key(variable):
     """What identifies a variable (or a watched tensor) in a set: its `.ref()`, as in Horovod;
     Keras 3's variables have none, so their identity."""

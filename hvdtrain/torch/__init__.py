@@ -35,3 +35,4 @@ from .mpi_ops import (
 )
 from .optimizer import DistributedOptimizer
 from .sync_batch_norm import SyncBatchNorm
+from . import elastic  # noqa: E402 (hvd.elastic.run, hvd.elastic.TorchState, ...)

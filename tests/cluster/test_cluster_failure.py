@@ -9,9 +9,6 @@ import time
 
 import numpy as np
 
-from netns_cluster import ip
-from runner.support import processes_mentioning, results_of, run_hvdtrain, wait_until
-
 FAILING_RANK = 2  # on the second host, with 1 rank on the first and 2 on the second
 
 
@@ -42,6 +39,10 @@ def test_a_lost_host_is_left_out_and_the_run_goes_on_with_the_same_global_batch(
     can no longer reach it): hvdtrain restarts the run on the two hosts left, with 3 backward
     passes a step in place of 2, so that the global batch stays 192, and ends where a run that
     never lost a host does."""
+    # here, not at the top: the ranks of the other test load this file without the tests' path
+    from netns_cluster import ip
+    from runner.support import processes_mentioning, results_of, run_hvdtrain, wait_until
+
     settings = ["train.batch_size=32", "train.backward_passes_per_step=2", "train.log_every_steps=2",
                 "train.checkpoint_every_s=0.000001", "fault.restart_wait_s=0.5"]
     hosts = ",".join(host.address for host in netns_cluster.hosts)

@@ -84,7 +84,7 @@ def no_launch(monkeypatch):
     def launch(command, env):
         raise AssertionError("launched")
 
-    monkeypatch.setattr(launcher, "run", launch)
+    monkeypatch.setattr(launcher, "start", launch)
 
 
 @pytest.mark.parametrize("overrides,count,message", [

@@ -62,12 +62,11 @@ UNSUPPORTED = [
     ["--num-nccl-streams", "2"], ["--thread-affinity", "1"], ["--gloo-timeout-seconds", "30"],
     ["--log-with-timestamp"], ["--log-without-timestamp"], ["-prefix-timestamp"],
     ["--prefix-output-with-timestamp"], ["--log-hide-timestamp"], ["--no-log-hide-timestamp"], ["--gloo"],
-    ["--mpi"], ["--jsrun"],
+    ["--mpi"], ["--jsrun"], ["--blacklist-cooldown-range", "60", "300"],
 ]
-ELASTIC = [
+ELASTIC = [  # taken with --host-discovery-script (tests/runner/test_elastic.py runs them)
     ["--min-np", "2"], ["--min-num-proc", "2"], ["--max-np", "4"], ["--max-num-proc", "4"],
     ["--slots-per-host", "2"], ["--elastic-timeout", "600"], ["--reset-limit", "3"],
-    ["--blacklist-cooldown-range", "60", "300"], ["--host-discovery-script", "discover.sh"],
 ]
 
 
@@ -167,8 +166,7 @@ def test_more_ranks_than_the_hosts_slots_are_refused(tmp_path, hosts):
 @pytest.mark.parametrize("flag, reason", [
     (["--gloo"], "hvdtrain has no Gloo controller; it runs on MPI"),
     (["--ssh-port=2222"], "give mpirun's ssh options with --mpi-args"),
-    (["--min-np", "2"], "elastic jobs are not supported by hvdtrun yet"),
-    (["--host-discovery-script", "discover.sh"], "elastic jobs are not supported by hvdtrun yet"),
+    (["--blacklist-cooldown-range", "60", "300"], "hvdtrun does not blacklist hosts"),
 ])
 def test_an_unsupported_flag_is_refused_by_name(flag, reason):
     line = refusal(run_hvdtrun("-np", "2", *flag, sys.executable, "-c", "pass"))
@@ -180,11 +178,21 @@ def test_an_unknown_flag_is_refused_with_the_nearest_known_one():
         "hvdtrun: unknown flag --num-procs; did you mean --num-proc?"
 
 
-@pytest.mark.parametrize("flag", UNSUPPORTED + ELASTIC, ids=lambda flag: flag[0])
+@pytest.mark.parametrize("flag", UNSUPPORTED, ids=lambda flag: flag[0])
 def test_every_other_horovodrun_flag_is_refused_not_ignored(flag):
-    with pytest.raises(hvdtrun.UsageError, match=f"^{flag[0]} is not supported by hvdtrun \\(") as refused:
+    with pytest.raises(hvdtrun.UsageError, match=f"^{flag[0]} is not supported by hvdtrun \\("):
         hvdtrun.parse_command_line(["-np", "2", *flag, "python", "train.py"])
-    assert ("elastic jobs are not supported by hvdtrun yet" in str(refused.value)) == (flag in ELASTIC)
+
+
+@pytest.mark.parametrize("flag", ELASTIC, ids=lambda flag: flag[0])
+def test_the_elastic_flags_need_a_discovery_script(flag):
+    name = {"--min-num-proc": "--min-np", "--max-num-proc": "--max-np"}.get(flag[0], flag[0])
+    with pytest.raises(hvdtrun.UsageError, match=f"^{name} is for elastic jobs: it needs --host-discovery-script$"):
+        hvdtrun.parse_command_line(["-np", "2", *flag, "python", "train.py"])
+    elastic = hvdtrun.parse_command_line([*flag, "--host-discovery-script", "discover.sh", "python", "train.py"])
+    assert elastic.host_discovery_script == "discover.sh" and elastic.num_proc is None
+    with pytest.raises(hvdtrun.UsageError, match="name fixed hosts; an elastic job's come from"):
+        hvdtrun.parse_command_line([*flag, "--host-discovery-script", "d.sh", "-H", "a:2", "python", "train.py"])
 
 
 def test_horovodrun_flags_that_hvdtrun_takes_need_no_change():
