@@ -5,14 +5,18 @@ Two cases, each run in rounds; the median is printed:
   are passed on): rank 1 is killed once the run has checkpointed; rank 0's heartbeat file
   (runner/supervisor.py) shows the first step after the checkpoint it resumes from.
   fault.restart_wait_s is set to 0 here: add it (5 s by default, doubling) to what a user waits.
+  With --netns-hosts N the ranks run one on each of N network-namespace hosts made as the cluster
+  tests make them (tests/cluster/netns_cluster.py; root, iproute2).
 - `--elastic`: a Horovod Elastic PyTorch script (a small model, a commit every 5 steps, each step
   logged with its time) under `hvdtrun --host-discovery-script` on 2 local ranks: rank 1 is
   killed after step 20; hvdtrun starts the job again and the script goes on from its last commit.
 
-    .venv/bin/python scripts/restart_time.py [--rounds 3] [--elastic] [HVDTRAIN_ARGS ...]
+    .venv/bin/python scripts/restart_time.py [--rounds 3] [--elastic | --netns-hosts N] [HVDTRAIN_ARGS ...]
 """
 
 import argparse
+import contextlib
+import importlib.util
 import os
 import signal
 import statistics
@@ -127,17 +131,36 @@ def rank_pid_of(script, rank):
     return None
 
 
+def netns_hosts(count, stack):
+    """`count` namespace hosts, removed when `stack` closes."""
+    path = Path(__file__).resolve().parent.parent / "tests" / "cluster" / "netns_cluster.py"
+    spec = importlib.util.spec_from_file_location("netns_cluster", path)
+    netns = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(netns)
+    missing = netns.missing_requirements()
+    if missing:
+        raise SystemExit(f"restart_time: {missing}")
+    return netns.netns_cluster(count, stack.enter_context(tempfile.TemporaryDirectory(prefix="hvdtrain-hosts-")))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--elastic", action="store_true", help="a Horovod Elastic script under hvdtrun")
+    parser.add_argument("--netns-hosts", type=int, default=0, help="hvdtrain on this many namespace hosts")
     args, extra = parser.parse_known_args()
-    times = []
-    for round_number in range(args.rounds):
-        with tempfile.TemporaryDirectory() as directory:
-            times.append((one_elastic_round if args.elastic else one_round)(directory, extra))
+    with contextlib.ExitStack() as hosts:
+        if args.netns_hosts:
+            cluster = hosts.enter_context(netns_hosts(args.netns_hosts, hosts))
+            quoted = ",".join(f"'{arg}'" for arg in cluster.mpirun_args())
+            extra = [f"cluster={args.netns_hosts}x1", f"cluster.hosts=[{','.join(h.address for h in cluster.hosts)}]",
+                     f"cluster.mpirun_args=[{quoted}]", *extra]
+        times = []
+        for round_number in range(args.rounds):
+            with tempfile.TemporaryDirectory() as directory:
+                times.append((one_elastic_round if args.elastic else one_round)(directory, extra))
         print(f"round {round_number + 1}: {times[-1]:.2f} s from the kill to the first step after the restart", flush=True)
-    print(f"median of {len(times)}: {statistics.median(times):.2f} s")
+    print(f"median of {len(times)}: {statistics.median(times):.2f} s ({', '.join(f'{t:.2f}' for t in times)})")
 
 
 if __name__ == "__main__":
