@@ -157,7 +157,7 @@ def supervise(cfg, run_dir, plan, env, relaunch):
         reason = failure(outcome, run_dir, cfg)
         if reason is None:
             return 0
-        status = outcome.returncode or 1
+        status = outcome.returncode if outcome.returncode > 0 else 1  # mpirun stopped by the supervisor: < 0
         resume_hint = f"Continue from the last checkpoint with: hvdtrain resume={run_dir}"
         if status in NOT_RESTARTED and not outcome.stalled_s:
             print(f"hvdtrain: the workers failed (mpirun exit status {status}): {NOT_RESTARTED[status]}, "
