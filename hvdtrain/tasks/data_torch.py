@@ -5,14 +5,10 @@ so the same sample in the same epoch looks the same however the epoch is split i
 or loader processes (see sharding.py).
 """
 
-from pathlib import Path
-
 import torch
-import torchvision
 from torch.utils.data import Dataset
-from torchvision import transforms
 
-from hvdtrain.tasks.data import IMAGENET_MEAN, IMAGENET_STD, SYNTHETIC_POOL, check_classes, digits_split
+from hvdtrain.tasks.data import SYNTHETIC_POOL, digits_split
 from hvdtrain.tasks.mnist1d import mnist1d_split
 
 
@@ -26,15 +22,10 @@ def build_datasets(data_cfg, num_classes, seed):
         shape = (3, data_cfg.image_size, data_cfg.image_size)
         return (SyntheticImages(data_cfg.train_size, shape, num_classes, seed),
                 SyntheticImages(data_cfg.val_size, shape, num_classes, seed + 1))
-    normalize = transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)
-    train = SeededImageFolder(Path(data_cfg.root) / "train", transforms.Compose([
-        transforms.RandomResizedCrop(data_cfg.image_size), transforms.RandomHorizontalFlip(),
-        transforms.ToTensor(), normalize]))
-    val = SeededImageFolder(Path(data_cfg.root) / "val", transforms.Compose([
-        transforms.Resize(data_cfg.resize_size), transforms.CenterCrop(data_cfg.image_size),
-        transforms.ToTensor(), normalize]))
-    check_classes(data_cfg, train.classes, val.classes, num_classes)
-    return train, val
+    # torchvision takes over a second to import on every rank: only image folders need it
+    from hvdtrain.tasks.image_folder_torch import image_folders
+
+    return image_folders(data_cfg, num_classes)
 
 
 class TensorSamples(Dataset):
@@ -64,14 +55,6 @@ class SyntheticImages(Dataset):
     def __getitem__(self, key):
         index, _seed = key
         return self.images[index % SYNTHETIC_POOL], self.labels[index % SYNTHETIC_POOL]
-
-
-class SeededImageFolder(torchvision.datasets.ImageFolder):
-    def __getitem__(self, key):
-        index, seed = key
-        with torch.random.fork_rng(devices=[]):  # torchvision's random transforms draw from torch's generator
-            torch.manual_seed(seed)
-            return super().__getitem__(index)
 
 
 def _in_memory(train_inputs, train_labels, val_inputs, val_labels):

@@ -1,7 +1,6 @@
 """The models of the catalog (tasks/__init__.py), built for PyTorch."""
 
 import torch.nn as nn
-import torchvision
 
 from hvdtrain.tasks import MNIST1D_CNN_CHANNELS, MNIST1D_MLP_HIDDEN
 from hvdtrain.tasks.data import MNIST1D_LENGTH
@@ -14,11 +13,17 @@ def build_model(model_cfg):
     return _BUILDERS[model_cfg.name](model_cfg)
 
 
+def _torchvision_model(name, **options):
+    import torchvision  # over a second to import on every rank: only its models need it
+
+    return getattr(torchvision.models, name)(**options)
+
+
 def _resnet(model_cfg):
     # torchvision's zero_init_residual sets gamma = 0 in the last BN of every residual block,
     # so that each block starts as the identity (Goyal et al. 2017).
-    return getattr(torchvision.models, model_cfg.name)(num_classes=model_cfg.num_classes,
-                                                       zero_init_residual=model_cfg.zero_init_residual)
+    return _torchvision_model(model_cfg.name, num_classes=model_cfg.num_classes,
+                              zero_init_residual=model_cfg.zero_init_residual)
 
 
 def _digits_cnn(model_cfg):
@@ -64,10 +69,10 @@ _BUILDERS = {
     "resnet50": _resnet,
     "resnet101": _resnet,
     "resnet152": _resnet,
-    "vgg16": lambda model_cfg: torchvision.models.vgg16(num_classes=model_cfg.num_classes),
+    "vgg16": lambda model_cfg: _torchvision_model("vgg16", num_classes=model_cfg.num_classes),
     # Without the auxiliary classifier, as MMPretrain trains it; init_weights: torchvision's own scheme.
-    "inception_v3": lambda model_cfg: torchvision.models.inception_v3(
-        num_classes=model_cfg.num_classes, aux_logits=False, init_weights=True),
+    "inception_v3": lambda model_cfg: _torchvision_model(
+        "inception_v3", num_classes=model_cfg.num_classes, aux_logits=False, init_weights=True),
     "digits_cnn": _digits_cnn,
     "digits_mlp": _digits_mlp,
     "mnist1d_cnn": _mnist1d_cnn,
