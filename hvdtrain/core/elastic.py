@@ -6,7 +6,7 @@ So under `hvdtrun --host-discovery-script ...` (runner/elastic_driver.py) a chan
 failed rank, ends the job, and hvdtrun starts it again on the hosts there are, where the script
 goes on from its last commit without noticing:
 - `state.commit()` keeps the state in memory as Horovod's does, and rank 0 also sends it to
-  hvdtrun's commit store (a socket of hvdtrun's; the address comes in ELASTIC_STORE), so that it
+  hvdtrun's commit store (a socket of hvdtrun's; the address comes in HVDTRAIN_ELASTIC_STORE), so that it
   outlives the job and needs no shared file system;
 - `run(func)` on a restarted job: rank 0 fetches the last commit, every rank takes it by the
   state's `sync()` (a broadcast from rank 0), the reset callbacks run (the world may have another

@@ -26,10 +26,12 @@ from typing import Optional
 
 from hvdtrain.core.elastic import EXIT_HOSTS_UPDATED, HOSTS_VERSION_VARIABLE, STORE_VARIABLE
 from hvdtrain.runner import launcher
+from hvdtrain.runner.supervisor import EXIT_CONFIG, EXIT_RANK_ERROR
 
 DISCOVERY_INTERVAL_S = 1.0  # Horovod's
 DISCOVERY_TIMEOUT_S = 30.0
-NOT_RESTARTED = {2: "the command was refused", 3: "the script raised an error that a restart would meet again"}
+NOT_RESTARTED = {EXIT_CONFIG: "the command was refused",
+                 EXIT_RANK_ERROR: "the script raised an error that a restart would meet again"}
 
 
 @dataclass(frozen=True)

@@ -237,6 +237,7 @@ def resized(cfg, hosts_before, hosts_after):
     key = "train.backward_passes_per_step" if by_passes else "train.batch_size"
     others = ranks_after * (train.batch_size if by_passes else train.backward_passes_per_step)
     before = train.backward_passes_per_step if by_passes else train.batch_size
+    rescaled = ranks_after * train.batch_size * train.backward_passes_per_step  # where nothing takes up the loss
     where = f"{lost} not answer; going on with {len(hosts_after)} of {len(hosts_before)} hosts"
     if global_batch % others == 0:
         OmegaConf.update(cfg, key, global_batch // others)
@@ -245,9 +246,8 @@ def resized(cfg, hosts_before, hosts_after):
     if not fault.allow_rescale:
         raise ConfigError(f"{where} would need {key}={global_batch}/{others} to keep the global batch of "
                           f"{global_batch}, not a whole number; set fault.allow_rescale=true to go on with "
-                          f"{ranks_after * train.batch_size * train.backward_passes_per_step} at the linear rule's LR, "
+                          f"{rescaled} at the linear rule's LR, "
                           f"or fault.keep_global_batch to the other way")
-    rescaled = ranks_after * train.batch_size * train.backward_passes_per_step
     return cfg, (f"{where}, {ranks_after} ranks; the global batch of {global_batch} cannot be kept "
                  f"(fault.allow_rescale=true): {rescaled} from here, at the LR the linear rule gives it, "
                  f"{cfg.optimizer.base_lr * rescaled / cfg.optimizer.base_batch_size:g} at the peak instead of "
