@@ -3,17 +3,20 @@ VENV   := .venv
 PYTHON := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: run test bench study calibrate clean-venv
+.PHONY: run test bench study calibrate slurm-times clean-venv
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PYTHON) || python3 -m venv $(VENV)
-	$(PYTHON) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[mpi,tf,gpu,dev]'
+	$(PYTHON) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[mpi,tf,gpu,dev,slurm]'
 	@touch $(STAMP)
 
 run: $(STAMP)
 	$(VENV)/bin/hvdtrain
 
+# As root (as CI runs), the Slurm cluster tests' Debian packages are installed first; elsewhere,
+# or where apt cannot reach Debian, those tests skip and say why.
 test: $(STAMP)
+	@[ "$$(id -u)" != 0 ] || sh scripts/install_slurm.sh || echo "make: Slurm's packages could not be installed"
 	$(PYTHON) -m pytest -q
 
 bench: $(STAMP)
@@ -27,6 +30,11 @@ study: $(STAMP)
 # 10 minutes on 2 quiet cores): studies/scaling_calibration/calibration.json
 calibrate: $(STAMP)
 	$(PYTHON) scripts/calibrate_scaling.py
+
+# From sbatch to the first step, and from a preemption notice to the job's exit, on the test
+# Slurm cluster (root; about 2 minutes): studies/slurm_times/times.json
+slurm-times: $(STAMP)
+	$(PYTHON) scripts/slurm_times.py
 
 clean-venv:
 	rm -rf $(VENV)

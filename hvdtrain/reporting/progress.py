@@ -14,6 +14,7 @@ each session's process start, and the part of it spent inside training steps.
 """
 
 import time
+from typing import NamedTuple
 
 import numpy as np
 
@@ -22,6 +23,14 @@ from hvdtrain.runner.plan import summary
 from hvdtrain.runner.supervisor import Heartbeat
 from hvdtrain.reporting.report import final_summary, write_report, write_results
 from hvdtrain.reporting.run_log import RunLog
+from hvdtrain.training import preemption
+
+
+class Agreed(NamedTuple):
+    """What the ranks agreed on after a step (Progress.step_done)."""
+    checkpoint: bool  # due by time
+    stop: bool  # preempted: checkpoint and stop
+    requeue: bool  # ... and requeue the Slurm job: some rank's notice was a requeue signal
 
 
 class Progress:
@@ -55,8 +64,11 @@ class Progress:
     def step_done(self, epoch, step, global_step, lr, loss, seconds):
         """Step `step` of `epoch` (the run's `global_step`-th), trained at `lr`, took `seconds`
         and had this rank's mean loss `loss` (a float, or a 0-d tensor read only if recorded).
-        Returns whether a checkpoint is due by time (train.checkpoint_every_s), the same on
-        every rank: rank 0's clock decides, told to all in the recorded loss's allreduce."""
+        Returns what the ranks agreed on in the recorded loss's allreduce, the same on every
+        rank: whether a checkpoint is due by time (train.checkpoint_every_s: rank 0's clock
+        decides), whether to stop for a preemption (any rank's notice, preemption.py) and whether
+        to requeue the job then (any rank's notice was a requeue signal: with scancel --signal,
+        Slurm signals the ranks of a job step and not the others)."""
         self.window_loss, self.window_steps = self.window_loss + loss, self.window_steps + 1
         if self.log:
             self.log.advance()
@@ -70,20 +82,39 @@ class Progress:
         self.train_seconds += seconds
         self.window_seconds += seconds
         if not recording:
-            return False
+            return Agreed(checkpoint=False, stop=False, requeue=False)
         every_s = self.cfg.train.checkpoint_every_s
         due = bool(self.log and every_s and time.time() - self.last_checkpoint >= every_s)
-        averaged = core.allreduce_async(np.array([mean, due]), name="train.loss", op=core.ReduceOp.AVERAGE).wait()
+        notice = preemption.notice(self.run_dir if self.log else None)
+        requeue = bool(notice and notice.signal_name in preemption.requeue_signal_names(self.cfg.train.preempt_signal))
+        averaged = core.allreduce_async(np.array([mean, due, notice is not None, requeue]), name="train.loss",
+                                        op=core.ReduceOp.AVERAGE).wait()
         self.train_loss = float(averaged[0])
         if self.log:
             self.log.record(event="train", step=global_step, epoch=epoch + (step + 1) / steps, lr=lr,
                             loss=self.train_loss,
                             samples_per_s=self.window_steps * self.plan.global_batch_size / self.window_seconds)
         self.window_loss, self.window_seconds, self.window_steps = 0.0, 0.0, 0
-        return bool(averaged[1] > 0)
+        return Agreed(*(bool(flag > 0) for flag in averaged[1:]))
 
     def checkpointed(self):
         self.last_checkpoint = time.time()
+
+    def preempted(self, global_step, notice):
+        """Rank 0: the run stops early after `global_step`, checkpointed, on `notice` (this
+        rank's, or None where another rank had it): recorded in metrics.jsonl and results.json."""
+        if not self.log:
+            return
+        now = time.time()
+        event = {"event": "preempted", "step": global_step, "time": now,
+                 "signal": notice.signal_name if notice else "another rank's"}
+        if notice:
+            event["notice_to_checkpoint_s"] = round(now - notice.received_at, 3)
+        self.log.record(**event)
+        self.log.close()
+        self.heartbeat.close()
+        print(f"hvdtrain: preempted ({event['signal']}): stopped after step {global_step} with a checkpoint"
+              + (f", {event['notice_to_checkpoint_s']} s after the notice" if notice else ""), flush=True)
 
     def evaluated(self, epoch, global_step, lr, metrics):
         """The validation `metrics` after `epoch` epochs; its last step was recorded just now, so

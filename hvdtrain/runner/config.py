@@ -34,6 +34,9 @@ DECAYS = ("constant", "step", "multistep", "cosine", "poly")
 OPTIMIZERS = ("sgd", "lars")
 PARAMETER_KINDS = ("bn", "bias")  # what optimizer.exclude_from_weight_decay and exclude_from_adaptation may name
 DEVICES = ("auto", "cpu", "cuda")
+RANK_LAUNCHERS = ("mpirun", "srun")  # cluster.launcher: what starts the ranks
+LAUNCHERS = ("local", "slurm")  # launcher: start the job from here now, or submit it to Slurm
+PREEMPT_SIGNALS = ("USR1", "USR2", "TERM")  # train.preempt_signal, by its name without SIG
 AUTOCAST_MODES = ("none", "bf16", "fp16")
 
 
@@ -83,6 +86,9 @@ class ClusterConfig:
     hosts: List[str] = field(default_factory=list)  # "name" or "name:slots"
     hostfile: Optional[str] = None
     mpirun_args: List[str] = field(default_factory=list)
+    # What starts the ranks: mpirun (inside a Slurm allocation, Open MPI starts its daemons with
+    # Slurm's own launcher), or srun, which starts every rank as a task of a Slurm job step
+    launcher: str = "mpirun"
     network: NetworkConfig = field(default_factory=NetworkConfig)
 
 
@@ -159,6 +165,10 @@ class TrainConfig:
     # checkpoint, so that a restart (fault.*) loses at most about this much; 0: off
     checkpoint_every_s: float = 600.0
     keep_checkpoints: int = 3
+    # Besides SIGTERM inside a Slurm job: the signal that asks the run to stop at the next logged
+    # step with a checkpoint (a scheduler's notice ahead of a time limit or a preemption,
+    # `#SBATCH --signal=USR1@120`); null: none
+    preempt_signal: Optional[str] = "USR1"
 
 
 KEEP_GLOBAL_BATCH_BY = ("backward_passes", "batch_size")
@@ -182,6 +192,20 @@ class FaultConfig:
 
 
 @dataclass
+class SlurmConfig:
+    """The batch job that `launcher=slurm` writes into the run directory and submits with sbatch."""
+    partition: Optional[str] = None
+    time: Optional[str] = None  # the job's time limit, as sbatch takes it: "MINUTES", "HH:MM:SS", "D-HH:MM:SS"
+    account: Optional[str] = None
+    gpus_per_node: int = 0
+    # train.preempt_signal is sent this many seconds before the time limit: the run checkpoints,
+    # stops, and requeues its job, which resumes it (0: no signal ahead of the limit)
+    signal_before_s: int = 120
+    requeue: bool = True  # the job may be requeued (preemption, scontrol requeue) and then resumes
+    sbatch_lines: List[str] = field(default_factory=list)  # more sbatch options, e.g. ["--qos=high"]
+
+
+@dataclass
 class RunConfig:
     recipe: RecipeConfig = field(default_factory=RecipeConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
@@ -191,6 +215,8 @@ class RunConfig:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
+    launcher: str = "local"  # local: start the job now, from here; slurm: submit it with sbatch
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
     dry_run: bool = False
     profile: bool = False  # measure one device's training step (profiling.py) for the plan's prediction
     resume: Optional[str] = None  # a run directory to continue
@@ -379,7 +405,8 @@ def config_hash(cfg):
     """Identifies what a checkpoint was trained with: everything but where and how it was launched
     and supervised."""
     training = {key: value for key, value in OmegaConf.to_container(cfg, resolve=True).items()
-                if key not in ("cluster", "fault", "dry_run", "profile", "resume")}
+                if key not in ("cluster", "fault", "launcher", "slurm", "dry_run", "profile", "resume")}
+    training["train"].pop("preempt_signal", None)  # how a run is stopped, not what it trains
     return hashlib.sha256(OmegaConf.to_yaml(OmegaConf.create(training)).encode()).hexdigest()[:16]
 
 
@@ -508,6 +535,17 @@ def validate(cfg):
     check(train.checkpoint_every_steps >= 0, "train.checkpoint_every_steps", "must be 0 (epoch ends only) or more")
     check(train.keep_checkpoints >= 1, "train.keep_checkpoints", "must keep at least 1")
     check(train.checkpoint_every_s >= 0, "train.checkpoint_every_s", "must be 0 (off) or a number of seconds")
+    check(train.preempt_signal is None or train.preempt_signal in PREEMPT_SIGNALS, "train.preempt_signal",
+          f"allowed: {', '.join(PREEMPT_SIGNALS)} (a signal's name without SIG), or null")
+    check(cfg.cluster.launcher in RANK_LAUNCHERS, "cluster.launcher", f"allowed: {', '.join(RANK_LAUNCHERS)}")
+    check(cfg.launcher in LAUNCHERS, "launcher", f"allowed: {', '.join(LAUNCHERS)}")
+    slurm = cfg.slurm
+    check(slurm.gpus_per_node >= 0, "slurm.gpus_per_node", "must be 0 or more")
+    check(slurm.signal_before_s >= 0, "slurm.signal_before_s", "must be 0 (no signal) or a number of seconds")
+    check(not slurm.time or re.fullmatch(r"(\d+-)?\d+(:\d+){0,2}", slurm.time), "slurm.time",
+          "must be a time limit as sbatch takes it: MINUTES, HH:MM:SS or D-HH:MM:SS")
+    for line in slurm.sbatch_lines:
+        check(line.startswith("-"), "slurm.sbatch_lines", f"{line!r} is not an sbatch option (such as --qos=high)")
     fault = cfg.fault
     check(fault.max_restarts >= 0, "fault.max_restarts", "must be 0 (never restart) or more")
     check(fault.restart_wait_s >= 0, "fault.restart_wait_s", "must not be negative")

@@ -79,7 +79,8 @@ def problem(error):
     if isinstance(cause, ValidationError) and cause.full_key in SCHEMA_KEYS:
         return f"{cause.full_key}={cause.value!r}: {allowed_values(cause.full_key)}"
     if isinstance(cause, OmegaConfBaseException):
-        return f"{cause.full_key}: {cause.msg.splitlines()[0]}"  # the lines after it repeat the key and types
+        message = (cause.msg or str(cause) or type(cause).__name__).splitlines()[0]  # the rest repeats key and types
+        return f"{cause.full_key}: {message}" if cause.full_key else message
     return _one_line(str(error)) or type(error).__name__
 
 

@@ -101,18 +101,25 @@ def run(command, env=None, timeout=None, capture=False):
     return subprocess.CompletedProcess(command, process.returncode, output, None)
 
 
-def start(command, env=None, capture=False):
-    """Start a launcher command in a session of its own, so that `stop` finds all of its job."""
+def start(command, env=None, capture=False, blocked_signals=()):
+    """Start a launcher command in a session of its own, so that `stop` finds all of its job,
+    with `blocked_signals` blocked in it and, as a blocked signal stays blocked across fork and
+    exec, in what it starts (see supervisor.watch)."""
+    def block():
+        signal.pthread_sigmask(signal.SIG_BLOCK, blocked_signals)
+
     return subprocess.Popen(command, env=env, start_new_session=True, text=True,
+                            preexec_fn=block if blocked_signals else None,
                             stdout=subprocess.PIPE if capture else None,
                             stderr=subprocess.STDOUT if capture else None)
 
 
-def stop(process, grace_s=5.0):
-    """Stop a job started by `run`: SIGTERM lets mpirun stop its ranks everywhere; whatever is
-    left after `grace_s` is killed. The local ranks sit in mpirun's session but each in a process
-    group of its own, so they are found by session, not by group."""
-    process.terminate()
+def stop(process, grace_s=5.0, signum=signal.SIGTERM):
+    """Stop a job started by `run`: `signum` lets mpirun (or srun) stop its ranks everywhere
+    (SIGINT for an mpirun started with SIGTERM blocked); whatever is left after `grace_s` is
+    killed. The local ranks sit in the launcher's session but each in a process group of its own,
+    so they are found by session, not by group."""
+    process.send_signal(signum)
     try:
         process.wait(timeout=grace_s)
     except subprocess.TimeoutExpired:

@@ -43,16 +43,18 @@ from omegaconf import OmegaConf
 from hvdtrain.core.elastic import EXIT_COMMUNICATION  # a rank's collectives failed (a peer gone, a stall)
 from hvdtrain.runner import cluster, launcher
 from hvdtrain.runner.config import ConfigError, update_saved_config
-from hvdtrain.training import checkpoint
+from hvdtrain.training import checkpoint, preemption
 
 EXIT_CONFIG = 2  # a refused config (cli.py, worker.py)
 EXIT_RANK_ERROR = 3  # a Python exception on a rank: a bug or bad data, which a restart meets again
+EXIT_PREEMPTED = 77  # the ranks stopped with a checkpoint on a scheduler's notice (training/preemption.py)
 NOT_RESTARTED = {
     EXIT_CONFIG: "the config was refused",
     EXIT_RANK_ERROR: "a rank raised an error that a restart would meet again",
 }
 SUPERVISED = "HVDTRAIN_SUPERVISED"  # set in the environment of the ranks `hvdtrain` launched
 HEARTBEAT = ".heartbeat"
+LAUNCH_AGENT = "PRTE_MCA_prte_launch_agent"  # what mpirun starts its daemons with; PRRTE splits it at spaces
 POLL_S = 0.5
 PROBE_TIMEOUT_S = 15.0
 STARTUP_S = 60.0  # the least time the ranks get from the launch to their first beat
@@ -146,10 +148,14 @@ class Restart:
 def supervise(cfg, run_dir, plan, env, relaunch):
     """Run the job of `plan` (its launch command in the environment `env`) until it finishes or
     fails for good; returns the exit status for `hvdtrain` (0 on success). Where hosts are lost,
-    `relaunch(cfg)` gives the (plan, environment) for the smaller world. Ctrl-C or SIGTERM stops
-    the job and raises KeyboardInterrupt."""
+    `relaunch(cfg)` gives the (plan, environment) for the smaller world. Ctrl-C (and SIGTERM outside
+    Slurm) stops the job and raises KeyboardInterrupt. A preemption notice (train.preempt_signal,
+    and SIGTERM inside Slurm) goes on to rank 0, and the job is not restarted after it."""
     fault = cfg.fault
     restarts = 0
+    preemption.clear_notice(run_dir)
+    for watched in preemption.watched_signals(cfg.train.preempt_signal):
+        signal.signal(watched, lambda signum, frame: preemption.post_notice(run_dir, signal.Signals(signum).name))
     while True:
         (Path(run_dir) / HEARTBEAT).unlink(missing_ok=True)
         outcome = watch(plan.launch_command, {**worker_settings(fault), **env, SUPERVISED: "1"}, run_dir,
@@ -159,6 +165,13 @@ def supervise(cfg, run_dir, plan, env, relaunch):
             return 0
         status = outcome.returncode if outcome.returncode > 0 else 1  # mpirun stopped by the supervisor: < 0
         resume_hint = f"Continue from the last checkpoint with: hvdtrain resume={run_dir}"
+        notice = preemption.notice(run_dir)
+        if status == EXIT_PREEMPTED or notice:
+            stopped = ("stopped with a checkpoint" if status == EXIT_PREEMPTED
+                       else f"ended before its ranks could checkpoint ({reason})")
+            after = f" {time.time() - notice.received_at:.1f} s after hvdtrain received {notice.signal_name}" if notice else ""
+            print(f"hvdtrain: preempted: the job {stopped}{after}. {resume_hint}", file=sys.stderr, flush=True)
+            return EXIT_PREEMPTED if status == EXIT_PREEMPTED else status
         if status in NOT_RESTARTED and not outcome.stalled_s:
             print(f"hvdtrain: the workers failed (mpirun exit status {status}): {NOT_RESTARTED[status]}, "
                   f"so the job is not restarted; their errors are above. {resume_hint}", file=sys.stderr, flush=True)
@@ -258,7 +271,9 @@ def watch(command, env, run_dir, stall_shutdown_s):
     """Run `command` to its end, or stop it when rank 0's heartbeat has been quiet for longer than
     `stall_shutdown_s` and its grace (from the launch to the first beat, at least STARTUP_S:
     starting Python, the frameworks and MPI is not a stall)."""
-    process = launcher.start(command, env=env)
+    shield = shielded_daemons(command, env)
+    process = launcher.start(command, env={**env, **shield}, blocked_signals=[signal.SIGTERM] if shield else [])
+    stop_signal = signal.SIGINT if shield else signal.SIGTERM
     latest, beaten = time.time(), False  # of the launch or of the last beat seen (the file goes when the run ends)
     limit = stall_shutdown_s + stall_grace_s(stall_shutdown_s) if stall_shutdown_s else None
     try:
@@ -270,12 +285,25 @@ def watch(command, env, run_dir, stall_shutdown_s):
             quiet_s = time.time() - latest
             allowed = limit if beaten or limit is None else max(limit, STARTUP_S)
             if limit is not None and quiet_s > allowed and process.poll() is None:
-                launcher.stop(process)
+                launcher.stop(process, signum=stop_signal)
                 return Outcome(process.returncode, stalled_s=quiet_s)
     except KeyboardInterrupt:
-        launcher.stop(process)
+        launcher.stop(process, signum=stop_signal)
         raise
     return Outcome(process.returncode)
+
+
+def shielded_daemons(command, env):
+    """Inside Slurm, a job's end (requeue, preemption, time limit) comes as SIGTERM to every process
+    of the job, and mpirun and its daemons would kill the ranks at once: mpirun is started with
+    SIGTERM blocked, and its daemons through signal_shield. The ranks, which unblock it
+    (preemption.watch), take it themselves and have Slurm's KillWait to checkpoint. Returns the
+    environment that does that for an mpirun `command` in a Slurm job (unless the user chose a
+    launch agent), else {}."""
+    if "SLURM_JOB_ID" not in env or os.path.basename(command[0]) != "mpirun" or LAUNCH_AGENT in env:
+        return {}
+    daemon = os.path.join(os.path.dirname(command[0]), "prted")
+    return {LAUNCH_AGENT: f"{sys.executable} -m hvdtrain.runner.signal_shield TERM,USR1,USR2 {daemon}"}
 
 
 def failure(outcome, run_dir, cfg):

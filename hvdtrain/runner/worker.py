@@ -23,6 +23,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from hvdtrain.runner import devices, supervisor
 from hvdtrain.runner.config import ConfigError, claim_run_dir, load_run_config, typed
+from hvdtrain.training import preemption
 from hvdtrain.training.tensorflow_startup import import_tensorflow
 
 RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
@@ -41,21 +42,28 @@ def main():
     _train_or_exit(cfg, run_dir)
 
 
-def train_in_existing_job(cfg, run_dir):
+def train_in_existing_job(checked_config, own_dir):
+    """Every rank of a job that mpirun or srun started with `hvdtrain` itself: rank 0 alone
+    calls `checked_config()` (the run's config, the saved one where it resumes, or None where
+    there is nothing left to train) and claims its own run directory `own_dir`; every rank trains
+    with those."""
     def claim():
-        claim_run_dir(cfg, run_dir)
-        return cfg, run_dir
+        cfg = checked_config()
+        if cfg is not None:
+            claim_run_dir(cfg, own_dir)
+            preemption.clear_notice(own_dir)
+        return cfg, own_dir
 
-    own_dir = run_dir
     cfg, run_dir = _rank_0_run(claim)
     if own_dir != run_dir and own_dir.is_dir() and not any(own_dir.iterdir()):
         own_dir.rmdir()  # Hydra made one on this rank too, a second later than on rank 0
-    _train_or_exit(cfg, run_dir)
+    if cfg is not None:
+        _train_or_exit(cfg, run_dir)
 
 
 def _rank_0_run(prepare):
-    """On every rank, the (config, run directory) that `prepare()` returns on rank 0, the only
-    rank that calls it. A ConfigError there is raised on every rank, so that none waits for a
+    """On every rank, the (config or None, run directory) that `prepare()` returns on rank 0, the
+    only rank that calls it. A ConfigError there is raised on every rank, so that none waits for a
     config that will not come."""
     from hvdtrain import core
 
@@ -64,13 +72,13 @@ def _rank_0_run(prepare):
     if core.rank() == 0:
         try:
             cfg, run_dir = prepare()
-            message = (OmegaConf.to_container(cfg, resolve=True), str(run_dir), None)
+            message = (cfg and OmegaConf.to_container(cfg, resolve=True), str(run_dir), None)
         except ConfigError as error:
             message = (None, None, str(error))
     container, run_dir, problem = core.broadcast_object(message, root_rank=0, name="run_config")
     if problem:
         raise ConfigError(problem)
-    return typed(container), Path(run_dir)
+    return (typed(container) if container else None), Path(run_dir)
 
 
 def _read_run_config(run_dir):
@@ -96,11 +104,16 @@ def _agreed_device_or_exit(cfg):
 
 def _train_or_exit(cfg, run_dir):
     device = _agreed_device_or_exit(cfg)
+    preemption.watch(cfg.train.preempt_signal)
     try:
         if cfg.recipe.framework == "tensorflow":
             import_tensorflow()  # before the loop imports it, which would show its start-up noise
         loop = importlib.import_module(f"hvdtrain.training.train_{cfg.recipe.framework}")
         loop.train(cfg, run_dir, device)
+    except preemption.Preempted:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(supervisor.EXIT_PREEMPTED)  # as below: the job ends here, whatever waits in atexit
     except BaseException as error:
         traceback.print_exc()
         rank = next((os.environ[name] for name in RANK_VARIABLES if name in os.environ), "0")

@@ -2,8 +2,9 @@
 valid checkpoint that rank 0 reads and broadcasts; for each epoch from there, each rank trains on
 its shard (sharding.py) step by step at the LR of the schedule (lr_schedule.py), checkpoints every
 `train.checkpoint_every_steps` steps, every `train.checkpoint_every_s` seconds (at a logged step)
-and at the epoch's end, evaluates every `train.eval_every_epochs` epochs and at the last;
-progress and results along the way (progress.py).
+and at the epoch's end, evaluates every `train.eval_every_epochs` epochs and at the last, and stops
+early, checkpointed, when its scheduler asks (preemption.py); progress and results along the way
+(progress.py).
 
 train_torch.py and train_tensorflow.py call `run` with their framework's part of each of these
 as plain functions; this module imports no framework (the ranks' identity comes from the core
@@ -14,7 +15,8 @@ import time
 
 from hvdtrain import core
 from hvdtrain.reporting.progress import Progress
-from hvdtrain.training import checkpoint, sharding
+from hvdtrain.runner import slurm
+from hvdtrain.training import checkpoint, preemption, sharding
 from hvdtrain.training.lr_schedule import learning_rate
 
 
@@ -52,6 +54,19 @@ def run(cfg, plan, run_dir, session_start, train_size, *, decode, restore, broad
             checkpoint.save(run_dir / "checkpoints", metadata, state, cfg.train.keep_checkpoints)
         progress.checkpointed()
 
+    def stop_preempted(epoch, step, global_step, metrics, requeue):
+        """Checkpoint before step `step` of `epoch` and stop every rank (preemption.py). Rank 0
+        requeues its Slurm job first where a notice asked for that, while the others wait for it:
+        none may end the job before its checkpoint and requeue are done."""
+        save(epoch, step, global_step, metrics)
+        notice = preemption.notice(run_dir if core.rank() == 0 else None)
+        if core.rank() == 0:
+            progress.preempted(global_step, notice)
+            if requeue:
+                slurm.requeue_job()
+        core.barrier()
+        raise preemption.Preempted(global_step, notice)
+
     for epoch in range(start["epoch"], epochs):
         first = checkpoint.step_in_epoch(start, plan.global_batch_size) if epoch == start["epoch"] else 0
         shard = sharding.train_shard(train_size, cfg.train.seed, epoch, core.rank(), core.size())
@@ -61,8 +76,10 @@ def run(cfg, plan, run_dir, session_start, train_size, *, decode, restore, broad
             lr = learning_rate(epoch + step / steps, cfg.schedule, plan.base_lr, plan.peak_lr, epochs)
             loss = train_step(batches, lr, global_step)
             global_step += 1
-            due = progress.step_done(epoch, step, global_step, lr, loss, time.perf_counter() - began)
-            if (due or (every and global_step % every == 0)) and step < steps - 1:
+            agreed = progress.step_done(epoch, step, global_step, lr, loss, time.perf_counter() - began)
+            if agreed.stop:
+                stop_preempted(epoch, step + 1, global_step, metrics, agreed.requeue)
+            if (agreed.checkpoint or (every and global_step % every == 0)) and step < steps - 1:
                 save(epoch, step + 1, global_step, metrics)
 
         if evaluate and ((epoch + 1) % cfg.train.eval_every_epochs == 0 or epoch + 1 == epochs):

@@ -13,6 +13,7 @@ import pytest
 
 from hvdtrain.runner import launcher
 from netns_cluster import AGENT, missing_requirements, netns_cluster as make_netns_cluster
+from slurm_cluster import missing_requirements as missing_slurm_requirements, slurm_cluster
 
 HOST_COUNT = 3
 
@@ -48,3 +49,13 @@ def cluster_mpirun(netns_cluster, mpirun):
         return mpirun(sum(slots), function, *args, hosts=hosts, extra_args=netns_cluster.mpirun_args(), **options)
 
     return run
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory):
+    """A real Slurm cluster of 2 nodes (slurm_cluster.py), made once for the session's Slurm tests."""
+    missing = missing_slurm_requirements()
+    if missing:
+        pytest.skip(f"the Slurm cluster tests are skipped: {missing}")
+    with slurm_cluster(tmp_path_factory.mktemp("slurm")) as cluster:
+        yield cluster

@@ -22,9 +22,11 @@ def compose(*overrides):
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
 
+    from hvdtrain.runner.cli import register_run_dir_resolver
+
     register_configs()
     register_layouts(overrides)
-    OmegaConf.register_new_resolver("run_dir", lambda resume, fresh: resume or fresh, replace=True)
+    register_run_dir_resolver()
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = hydra_compose("config", overrides=list(overrides), return_hydra_config=True)
         HydraConfig.instance().set_config(cfg)

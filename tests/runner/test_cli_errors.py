@@ -15,7 +15,8 @@ OPTIMIZER_KEYS = ("name, base_lr, base_batch_size, momentum, nesterov, weight_de
                   "momentum_correction, trust_coefficient, exclude_from_adaptation")
 TRAIN_KEYS = ", ".join(f"train.{key}" for key in (
     "epochs", "batch_size", "backward_passes_per_step", "autocast", "device", "channels_last", "cudnn_benchmark",
-    "seed", "log_every_steps", "eval_every_epochs", "checkpoint_every_steps", "checkpoint_every_s", "keep_checkpoints"))
+    "seed", "log_every_steps", "eval_every_epochs", "checkpoint_every_steps", "checkpoint_every_s", "keep_checkpoints",
+    "preempt_signal"))
 
 ONE_LINE_ERRORS = {
     "key added with +, misspelt": (["+optimzer.base_lr=0.5"],
@@ -53,6 +54,16 @@ ONE_LINE_ERRORS = {
     "--cfg job with an unknown layout": (["--cfg", "job", "cluster=3x3x"],
                                          "cluster='3x3x': unknown cluster; allowed: 1x1, 1x2, 1x4, 1x8, 2x4, 2x8, "
                                          "4x4, 4x8, 8x8, 16x8, 32x4, 32x8, local"),
+    "an unknown preempt signal": (["train.preempt_signal=SIGUSR1"], "train.preempt_signal='SIGUSR1': allowed: USR1, "
+                                                                    "USR2, TERM (a signal's name without SIG), or null"),
+    "an unknown rank launcher": (["cluster.launcher=ssh"], "cluster.launcher='ssh': allowed: mpirun, srun"),
+    "an unknown launcher": (["launcher=pbs"], "launcher='pbs': allowed: local, slurm"),
+    "a time limit sbatch cannot read": (["launcher=slurm", "slurm.time=2h"],
+                                        "slurm.time='2h': must be a time limit as sbatch takes it: MINUTES, HH:MM:SS "
+                                        "or D-HH:MM:SS"),
+    "an sbatch line that is no option": (["launcher=slurm", "slurm.sbatch_lines=['qos=high']"],
+                                         "slurm.sbatch_lines=['qos=high']: 'qos=high' is not an sbatch option (such "
+                                         "as --qos=high)"),
     "an unknown value in one job of a sweep": (["-m", "train.epochs=1,abc"], "train.epochs='abc': must be an integer"),
 }
 

@@ -81,7 +81,7 @@ def test_the_summary_says_the_device_and_why():
 
 @pytest.fixture
 def no_launch(monkeypatch):
-    def launch(command, env):
+    def launch(command, **options):
         raise AssertionError("launched")
 
     monkeypatch.setattr(launcher, "start", launch)

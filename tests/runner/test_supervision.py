@@ -50,7 +50,7 @@ def assert_same_weights(run_dir, expected_dir):
 
 
 def training_history(run_dir):
-    return [record for record in history(run_dir) if record["event"] != "restart"]
+    return [record for record in history(run_dir) if record["event"] not in ("restart", "preempted")]
 
 
 def rank_pid(run_dir, rank):
@@ -73,10 +73,10 @@ def running(pid):
         return False
 
 
-def start_hvdtrain(run_dir, *args):
-    log = open(run_dir.parent / f"{run_dir.name}.log", "w+")
+def start_hvdtrain(run_dir, *args, env=None):
+    log = open(run_dir.parent / f"{run_dir.name}.log", "a+")
     process = subprocess.Popen([sys.executable, "-m", "hvdtrain.runner.cli", *args, f"hydra.run.dir={run_dir}"],
-                               stdout=log, stderr=subprocess.STDOUT, text=True)
+                               stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
     return process, log
 
 
@@ -95,10 +95,10 @@ def finish(process, log, run_dir):
     return process.returncode, output
 
 
-def interrupt_after_a_checkpoint(run_dir, *args, rank, sent):
+def interrupt_after_a_checkpoint(run_dir, *args, rank, sent, env=None):
     """Start the run; once it has checkpointed step 30 or later (mid-epoch 2), send `sent` to
     `rank` (the command itself where rank is None). Returns (exit status, output, the pid)."""
-    process, log = start_hvdtrain(run_dir, *RUN, *args)
+    process, log = start_hvdtrain(run_dir, *RUN, *args, env=env)
     checkpoints = run_dir / "checkpoints"
     wait_until(lambda: rank is None or rank_pid(run_dir, rank), 120, "the ranks to start")
     pid = process.pid if rank is None else rank_pid(run_dir, rank)
@@ -153,6 +153,30 @@ def test_a_frozen_rank_is_stopped_by_the_stall_limit_and_the_run_finishes(uninte
     assert 3 + supervisor.stall_grace_s(3) <= seconds < 3 + supervisor.stall_grace_s(3) + 5
     assert_same_weights(run_dir, uninterrupted)
     assert not running(frozen)
+
+
+@pytest.mark.parametrize("rank, sent, slurm_job", [(1, signal.SIGUSR1, None), (None, signal.SIGTERM, "4242")],
+                         ids=["USR1 to rank 1", "SIGTERM to hvdtrain inside a Slurm job"])
+def test_a_preempted_run_stops_with_a_checkpoint_and_resumes_to_the_uninterrupted_weights(
+        uninterrupted, tmp_path, rank, sent, slurm_job):
+    """train.preempt_signal (USR1) to any rank, or to the command; inside Slurm SIGTERM too: every
+    rank stops after the same step, rank 0 checkpoints it, and hvdtrain exits 77, not restarted."""
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "SLURM_JOB_ID": slurm_job} if slurm_job else None
+    status, output, _ = interrupt_after_a_checkpoint(run_dir, rank=rank, sent=sent, env=env)
+    assert status == supervisor.EXIT_PREEMPTED, output
+    [preempted] = [record for record in history(run_dir) if record["event"] == "preempted"]
+    assert preempted["signal"] == ("another rank's" if rank else signal.Signals(sent).name)
+    assert newest_checkpoint(run_dir, torch_state)["global_step"] == preempted["step"] > 30
+    assert "hvdtrain: preempted: the job stopped with a checkpoint" in output
+    assert "restart 1 of" not in output and "requeue" not in output  # no Slurm job asked for one
+
+    process, log = start_hvdtrain(run_dir, f"resume={run_dir}", env=env)
+    status, output = finish(process, log, run_dir)
+    assert status == 0, output
+    assert f"hvdtrain: resuming at epoch 1, step {preempted['step'] - 22}" in output
+    assert_same_weights(run_dir, uninterrupted)
+    assert training_history(run_dir) == training_history(uninterrupted)
 
 
 def test_ctrl_c_stops_the_whole_job_without_a_restart(tmp_path):

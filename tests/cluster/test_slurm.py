@@ -1,0 +1,149 @@
+"""hvdtrain on a real Slurm cluster (the `slurm` fixture of conftest.py: 2 nodes of 1 task each),
+the ways a Slurm user runs it: a batch script whose body is `hvdtrain`, `salloc` + `hvdtrain`,
+`srun hvdtrain` (every task a rank), `launcher=slurm` from the login node, a sweep through Hydra's
+submitit launcher, and a job preempted by the signal ahead of its time limit or by `scontrol
+requeue` that requeues, resumes, and ends with the weights of an uninterrupted run."""
+
+import io
+import json
+import os
+import re
+import sys
+import time
+
+import pytest
+from omegaconf import OmegaConf
+
+HVDTRAIN = os.path.join(os.path.dirname(sys.executable), "hvdtrain")
+# The digits recipe on 2 nodes; a checkpoint at every logged step (every 5), for the preemptions
+RUN = ("recipe=digits", "cluster=2x1", "train.checkpoint_every_s=0.000001", "train.keep_checkpoints=1000")
+JOB_TIMEOUT_S = 240
+
+
+def batch_script(*overrides, sbatch=()):
+    lines = ["#!/bin/bash", "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1",
+             *(f"#SBATCH {option}" for option in sbatch), f"exec {HVDTRAIN} {' '.join((*RUN, *overrides))}"]
+    return "\n".join(lines) + "\n"
+
+
+def finished(slurm, job, timeout=JOB_TIMEOUT_S):
+    fields = slurm.wait_for_job_state(job, "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", timeout=timeout)
+    assert fields["JobState"] == "COMPLETED", slurm.output(job)
+    return fields
+
+
+def run_dirs(slurm, recipe="digits"):
+    return sorted((slurm.output_dir / "runs" / recipe).iterdir())
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(slurm):
+    """The batch job of the digits recipe, run to its end: (job id, its run directory)."""
+    job = slurm.submit(batch_script())
+    finished(slurm, job)
+    return job, slurm.output_dir / "runs" / "digits" / f"slurm-{job}"
+
+
+def test_a_batch_job_of_hvdtrain_trains_on_the_allocation_into_one_run_directory(slurm, uninterrupted):
+    job, run_dir = uninterrupted
+    output = slurm.output(job)
+    hosts = ", ".join(f"{name}:1" for name in slurm.node_names)
+    assert f"  cluster      2x1: 2 ranks on {hosts}" in output
+    assert f"  run dir      {run_dir}" in output
+    assert "target 95: reached" in output
+    assert json.loads((run_dir / "results.json").read_text())["epochs_completed"] == 12
+    assert run_dirs(slurm) == [run_dir]  # the job's, named by it, and no other
+
+
+def checkpoint_steps(run_dir):
+    return sorted(int(path.stem[5:]) for path in (run_dir / "checkpoints").glob("step-*.ckpt"))
+
+
+def wait_for_step(run_dir, step, timeout=120):
+    deadline = time.monotonic() + timeout
+    while not any(s >= step for s in checkpoint_steps(run_dir) if (run_dir / "checkpoints").is_dir()):
+        if time.monotonic() > deadline:
+            pytest.fail(f"no checkpoint of step {step} or later in {run_dir} after {timeout} s")
+        time.sleep(0.05)
+
+
+def model_state(run_dir):
+    """(step, model weights) of a run's newest checkpoint."""
+    import torch
+
+    from hvdtrain.training import checkpoint
+
+    newest = sorted((run_dir / "checkpoints").glob("step-*.ckpt"))[-1]
+    state = checkpoint.read(newest, lambda data: torch.load(io.BytesIO(data), weights_only=True))
+    return state["global_step"], state["model"]
+
+
+@pytest.mark.parametrize("preempt", [("scancel", "--batch", "--signal=USR1"), ("scontrol", "requeue")],
+                         ids=["USR1 ahead of the time limit", "scontrol requeue"])
+def test_a_preempted_job_requeues_resumes_and_ends_with_the_uninterrupted_weights(slurm, uninterrupted, preempt):
+    job = slurm.submit(batch_script(sbatch=("--requeue", "--open-mode=append")))
+    run_dir = slurm.output_dir / "runs" / "digits" / f"slurm-{job}"
+    slurm.wait_for_job_state(job, "RUNNING", timeout=60)
+    wait_for_step(run_dir, 30)
+    slurm.run(*preempt, job)
+    fields = finished(slurm, job)
+    assert fields["Restarts"] == "1"
+    output = slurm.output(job)
+    assert re.search(r"hvdtrain: preempted \((SIGUSR1|SIGTERM)\): stopped after step \d+ with a checkpoint", output)
+    assert ("hvdtrain: requeued Slurm job" in output) == (preempt[0] == "scancel")  # Slurm requeues on its own
+    assert f"hvdtrain: Slurm job {job} started again (SLURM_RESTART_COUNT=1): resuming {run_dir}" in output
+    [stop] = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+              if json.loads(line)["event"] == "preempted"]
+    assert stop["step"] >= 30
+
+    import torch
+
+    (step, weights), (expected_step, expected) = model_state(run_dir), model_state(uninterrupted[1])
+    assert step == expected_step == 12 * 22
+    assert weights.keys() == expected.keys()
+    assert all(torch.equal(weights[name], expected[name]) for name in expected)
+
+
+def test_salloc_then_hvdtrain_and_srun_hvdtrain_train_into_one_directory_each(slurm):
+    """`salloc ... hvdtrain` starts the ranks inside the allocation with mpirun, or with srun
+    (cluster.launcher=srun); `srun hvdtrain` makes every task a rank, and all of them agree on
+    rank 0's run directory (the job's)."""
+    salloc = ("salloc", "--nodes=2", "--ntasks-per-node=1")
+    for command in ((*salloc, HVDTRAIN), (*salloc, HVDTRAIN, "cluster.launcher=srun"),
+                    (*salloc, "srun", "--mpi=pmix", HVDTRAIN)):
+        result = slurm.run(*command, *RUN, "train.epochs=1", timeout=JOB_TIMEOUT_S, cwd=slurm.output_dir)
+        job = re.search(r"salloc: Granted job allocation (\d+)", result.stdout)[1]
+        run_dir = slurm.output_dir / "runs" / "digits" / f"slurm-{job}"
+        assert json.loads((run_dir / "results.json").read_text())["epochs_completed"] == 1, result.stdout
+        assert result.stdout.count("  run dir      ") == 1, result.stdout  # rank 0 alone says it
+        assert not [d for d in run_dirs(slurm) if not (d / "config.yaml").exists()]  # no rank made one of its own
+
+
+def test_a_layout_larger_than_the_allocation_is_refused_with_both_numbers(slurm):
+    result = slurm.run("salloc", "--nodes=2", "--ntasks-per-node=1", HVDTRAIN, "recipe=digits", "cluster=3x1",
+                       timeout=60, check=False, cwd=slurm.output_dir)
+    assert result.returncode == 2, result.stdout
+    nodelist = re.search(r"the Slurm allocation (\S+) gives 2", result.stdout)
+    assert nodelist, result.stdout
+    assert "hvdtrain: invalid config: cluster=3x1 needs 3 hosts but the Slurm allocation" in result.stdout
+
+
+def test_launcher_slurm_writes_the_batch_script_into_the_run_directory_and_submits_it(slurm):
+    result = slurm.run(HVDTRAIN, *RUN, "train.epochs=1", "launcher=slurm", "hydra.run.dir=runs/submitted",
+                       timeout=60, cwd=slurm.output_dir)
+    job = re.search(r"hvdtrain: submitted Slurm job (\d+): 2 workers on 2 nodes; run directory", result.stdout)[1]
+    run_dir = slurm.output_dir / "runs" / "submitted"
+    assert "#SBATCH --signal=B:USR1@120" in (run_dir / "job.sbatch").read_text()
+    finished(slurm, job)
+    assert "target 95" in (run_dir / f"slurm-{job}.out").read_text()
+    assert json.loads((run_dir / "results.json").read_text())["epochs_completed"] == 1
+
+
+def test_a_sweep_through_the_submitit_launcher_is_one_slurm_job_per_run(slurm):
+    result = slurm.run(HVDTRAIN, "-m", "hydra/launcher=submitit_slurm", *RUN, "train.epochs=1", "train.seed=1,2",
+                       "hydra.sweep.dir=runs/sweep", timeout=JOB_TIMEOUT_S, cwd=slurm.output_dir)
+    sweep = slurm.output_dir / "runs" / "sweep"
+    for job in ("0", "1"):
+        results = json.loads((sweep / job / "results.json").read_text())
+        assert results["epochs_completed"] == 1, result.stdout
+    assert [OmegaConf.load(sweep / job / "config.yaml").train.seed for job in ("0", "1")] == [1, 2]
