@@ -3,7 +3,7 @@ VENV   := .venv
 PYTHON := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: run test bench study calibrate slurm-times clean-venv
+.PHONY: run test bench bench-horovod study calibrate slurm-times clean-venv
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PYTHON) || python3 -m venv $(VENV)
@@ -21,6 +21,13 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PYTHON) scripts/run_benchmarks.py
+
+# Horovod 0.28.1's own synthetic benchmark under Horovod (built once into .venv-horovod, about 3
+# minutes), hvdtrain and DDP, side by side (5 rounds of about 7 minutes on 2 cores):
+# studies/horovod_bench/results.json
+bench-horovod: $(STAMP)
+	sh scripts/build_horovod.sh
+	$(PYTHON) scripts/bench_horovod.py
 
 # The Goyal et al. study on MNIST-1D (about an hour on 2 cores): studies/goyal_mnist1d/
 study: $(STAMP)
