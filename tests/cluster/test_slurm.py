@@ -1,8 +1,9 @@
 """hvdtrain on a real Slurm cluster (the `slurm` fixture of conftest.py: 2 nodes of 1 task each),
-the ways a Slurm user runs it: a batch script whose body is `hvdtrain`, `salloc` + `hvdtrain`,
-`srun hvdtrain` (every task a rank), `launcher=slurm` from the login node, a sweep through Hydra's
-submitit launcher, and a job preempted by the signal ahead of its time limit or by `scontrol
-requeue` that requeues, resumes, and ends with the weights of an uninterrupted run."""
+the ways a Slurm user runs it: a batch script whose body is `hvdtrain` (an array job's too),
+`salloc` + `hvdtrain`, `srun hvdtrain` (every task a rank), `launcher=slurm` from the login node,
+a sweep through Hydra's submitit launcher, and a job preempted by the signal ahead of its time
+limit or by `scontrol requeue` that requeues, resumes, and ends with the weights of an
+uninterrupted run."""
 
 import io
 import json
@@ -147,3 +148,15 @@ def test_a_sweep_through_the_submitit_launcher_is_one_slurm_job_per_run(slurm):
         results = json.loads((sweep / job / "results.json").read_text())
         assert results["epochs_completed"] == 1, result.stdout
     assert [OmegaConf.load(sweep / job / "config.yaml").train.seed for job in ("0", "1")] == [1, 2]
+
+
+def test_each_task_of_an_array_job_trains_into_a_directory_named_by_it(slurm):
+    job = slurm.submit("#!/bin/bash\n#SBATCH --nodes=1\n#SBATCH --ntasks-per-node=1\n#SBATCH --array=0-1\n"
+                       f"exec {HVDTRAIN} recipe=digits cluster=1x1 train.epochs=1 train.seed=$SLURM_ARRAY_TASK_ID\n")
+    run_dirs_of_tasks = [slurm.output_dir / "runs" / "digits" / f"slurm-{job}_{task}" for task in (0, 1)]
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while not all((run_dir / "results.json").exists() for run_dir in run_dirs_of_tasks):
+        if time.monotonic() > deadline:
+            pytest.fail(f"array job {job} did not finish in {JOB_TIMEOUT_S} s:\n{slurm.log_tails()}")
+        time.sleep(0.2)
+    assert [OmegaConf.load(run_dir / "config.yaml").train.seed for run_dir in run_dirs_of_tasks] == [0, 1]
