@@ -102,7 +102,7 @@ class Progress:
 
     def preempted(self, global_step, notice):
         """Rank 0: the run stops early after `global_step`, checkpointed, on `notice` (this
-        rank's, or None where another rank had it): recorded in metrics.jsonl and results.json."""
+        rank's, or None where another rank had it): recorded in metrics.jsonl and said."""
         if not self.log:
             return
         now = time.time()

@@ -6,7 +6,8 @@ either trains in this process (when it already is a rank of an mpirun or srun jo
 a Slurm batch job (launcher=slurm: slurm.py), or starts the workers with mpirun (or srun) and
 restarts them after failures that a restart can fix (supervisor.py); rank 0 loads that
 config.yaml and broadcasts it, and no worker composes its own. Inside a Slurm job the run
-directory is named by the job, and a requeued job resumes its run. `hvdtrain ls` and `hvdtrain cp` list the recipes and copy one (recipes.py).
+directory is named by the job, and a requeued job resumes its run. `hvdtrain ls` and
+`hvdtrain cp` list the recipes and copy one (recipes.py).
 """
 
 import json

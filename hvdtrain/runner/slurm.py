@@ -128,12 +128,13 @@ def submitit_defaults(overrides):
 
     if SUBMITIT_LAUNCHER not in overrides:
         return []
-    for override in OverridesParser.create().parse_overrides(list(overrides)):
+    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    for override in parsed:
         if override.key_or_group == "cluster" and override.value_type != ValueType.ELEMENT:
             raise ConfigError(f"{override.input_line}: a sweep through {SUBMITIT_LAUNCHER} submits one Slurm job "
                               f"array, whose jobs all have one shape; sweep over the layout with one command per "
                               f"layout")
-    given = {override.split("=", 1)[0].lstrip("+") for override in overrides}
+    given = {override.key_or_group for override in parsed}
     defaults = {"hydra.launcher.nodes": "${cluster.num_hosts}", "hydra.launcher.tasks_per_node": "${cluster.slots}",
                 # srun's options as its environment: the plugin has no setting for srun's arguments
                 "hydra.launcher.setup": "['export SLURM_MPI_TYPE=pmix','export SLURM_CPU_BIND=none']"}

@@ -169,7 +169,8 @@ def supervise(cfg, run_dir, plan, env, relaunch):
         if status == EXIT_PREEMPTED or notice:
             stopped = ("stopped with a checkpoint" if status == EXIT_PREEMPTED
                        else f"ended before its ranks could checkpoint ({reason})")
-            after = f" {time.time() - notice.received_at:.1f} s after hvdtrain received {notice.signal_name}" if notice else ""
+            after = (f" {time.time() - notice.received_at:.1f} s after hvdtrain received {notice.signal_name}"
+                     if notice else "")
             print(f"hvdtrain: preempted: the job {stopped}{after}. {resume_hint}", file=sys.stderr, flush=True)
             return EXIT_PREEMPTED if status == EXIT_PREEMPTED else status
         if status in NOT_RESTARTED and not outcome.stalled_s:

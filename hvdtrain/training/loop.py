@@ -65,7 +65,7 @@ def run(cfg, plan, run_dir, session_start, train_size, *, decode, restore, broad
             if requeue:
                 slurm.requeue_job()
         core.barrier()
-        raise preemption.Preempted(global_step, notice)
+        raise preemption.Preempted(f"preempted after step {global_step}")
 
     for epoch in range(start["epoch"], epochs):
         first = checkpoint.step_in_epoch(start, plan.global_batch_size) if epoch == start["epoch"] else 0

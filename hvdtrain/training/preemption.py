@@ -34,10 +34,6 @@ class Notice:
 class Preempted(Exception):
     """Every rank stops here, after the step the ranks agreed on and its checkpoint."""
 
-    def __init__(self, global_step, notice: Optional[Notice]):
-        self.global_step, self.notice = global_step, notice  # notice: None where another rank had it
-        super().__init__(f"preempted after step {global_step}")
-
 
 _received: Optional[Notice] = None
 

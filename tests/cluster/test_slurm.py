@@ -10,10 +10,11 @@ import json
 import os
 import re
 import sys
-import time
 
 import pytest
 from omegaconf import OmegaConf
+
+from runner.support import wait_until
 
 HVDTRAIN = os.path.join(os.path.dirname(sys.executable), "hvdtrain")
 # The digits recipe on 2 nodes; a checkpoint at every logged step (every 5), for the preemptions
@@ -61,11 +62,8 @@ def checkpoint_steps(run_dir):
 
 
 def wait_for_step(run_dir, step, timeout=120):
-    deadline = time.monotonic() + timeout
-    while not any(s >= step for s in checkpoint_steps(run_dir) if (run_dir / "checkpoints").is_dir()):
-        if time.monotonic() > deadline:
-            pytest.fail(f"no checkpoint of step {step} or later in {run_dir} after {timeout} s")
-        time.sleep(0.05)
+    wait_until(lambda: any(s >= step for s in checkpoint_steps(run_dir) if (run_dir / "checkpoints").is_dir()),
+               timeout, f"a checkpoint of step {step} or later in {run_dir}")
 
 
 def model_state(run_dir):
@@ -154,9 +152,6 @@ def test_each_task_of_an_array_job_trains_into_a_directory_named_by_it(slurm):
     job = slurm.submit("#!/bin/bash\n#SBATCH --nodes=1\n#SBATCH --ntasks-per-node=1\n#SBATCH --array=0-1\n"
                        f"exec {HVDTRAIN} recipe=digits cluster=1x1 train.epochs=1 train.seed=$SLURM_ARRAY_TASK_ID\n")
     run_dirs_of_tasks = [slurm.output_dir / "runs" / "digits" / f"slurm-{job}_{task}" for task in (0, 1)]
-    deadline = time.monotonic() + JOB_TIMEOUT_S
-    while not all((run_dir / "results.json").exists() for run_dir in run_dirs_of_tasks):
-        if time.monotonic() > deadline:
-            pytest.fail(f"array job {job} did not finish in {JOB_TIMEOUT_S} s:\n{slurm.log_tails()}")
-        time.sleep(0.2)
+    wait_until(lambda: all((run_dir / "results.json").exists() for run_dir in run_dirs_of_tasks), JOB_TIMEOUT_S,
+               f"both tasks of array job {job} to write their results")
     assert [OmegaConf.load(run_dir / "config.yaml").train.seed for run_dir in run_dirs_of_tasks] == [0, 1]

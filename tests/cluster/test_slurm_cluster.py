@@ -11,14 +11,15 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
+from runner.support import processes_mentioning, wait_until
 from slurm_cluster import missing_requirements, slurm_cluster
 
 PYTHON = sys.executable
 MPIRUN = os.path.join(os.path.dirname(PYTHON), "mpirun")
+SLEEP = "sleep\x00300"  # the command line of the job's `sleep 300`, as /proc holds it
 # Each rank adds rank + 1: with 2 ranks every rank prints 3.
 ALLREDUCE = textwrap.dedent("""\
     import socket
@@ -127,9 +128,9 @@ def test_cluster_leaves_nothing_behind_on_an_error(tmp_path):
         with slurm_cluster(tmp_path, node_count=1) as cluster:
             job = cluster.submit("#!/bin/sh\nsrun sleep 300\n")
             cluster.wait_for_job_state(job, "RUNNING", timeout=30)
-            wait_for_processes(cluster, "sleep 300")
+            wait_until(lambda: processes_mentioning(SLEEP), 30, "the job's sleep to start")
             raise KeyboardInterrupt  # as a Ctrl-C in the block
-    assert processes_mentioning(str(tmp_path)) == [] and processes_mentioning("sleep 300") == []
+    assert processes_mentioning(str(tmp_path)) == [] and processes_mentioning(SLEEP) == []
     namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
     assert cluster.nodes[0].namespace not in namespaces
     with open("/proc/self/mountinfo") as mounts:
@@ -137,31 +138,4 @@ def test_cluster_leaves_nothing_behind_on_an_error(tmp_path):
 
 
 def wait_for_output(cluster, job, text, timeout=30):
-    wait_until(lambda: text in cluster.output(job), timeout, f"job {job} did not print {text!r}")
-
-
-def wait_for_processes(cluster, text, timeout=30):
-    wait_until(lambda: processes_mentioning(text), timeout, f"no process runs {text!r}")
-
-
-def wait_until(condition, timeout, message):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(message)
-        time.sleep(0.1)
-
-
-def processes_mentioning(text):
-    """The processes whose command line holds `text`, other than this one."""
-    found = []
-    for cmdline in glob.glob("/proc/[0-9]*/cmdline"):
-        try:
-            with open(cmdline, "rb") as file:
-                words = file.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        pid = int(cmdline.split("/")[2])
-        if text in words and pid != os.getpid():
-            found.append((pid, words))
-    return found
+    wait_until(lambda: text in cluster.output(job), timeout, f"job {job} to print {text!r}")
