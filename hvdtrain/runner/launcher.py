@@ -5,11 +5,13 @@ rank gets its share of the host's cores for its math libraries, so that ranks sh
 machine do not oversubscribe it with threads.
 """
 
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
@@ -86,32 +88,46 @@ def mpirun_command(program: Sequence[str], hosts: Optional[List[Host]] = None, n
 
 
 def run(command, env=None, timeout=None, capture=False):
-    """Run a launcher command in a session of its own; on timeout or Ctrl-C, stop the whole job
-    (see `stop`) and raise subprocess.TimeoutExpired or KeyboardInterrupt."""
-    process = start(command, env=env, capture=capture)
-    try:
-        output, _ = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        stop(process)
-        output, _ = process.communicate()
-        raise subprocess.TimeoutExpired(command, timeout, output=output) from None
-    except KeyboardInterrupt:
-        stop(process)
-        raise
+    """Run a launcher command (see `started`); on timeout or Ctrl-C, stop the whole job (see `stop`)
+    and raise subprocess.TimeoutExpired or KeyboardInterrupt."""
+    with started(command, env=env, capture=capture) as process:
+        try:
+            output, _ = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            stop(process)
+            output, _ = process.communicate()
+            raise subprocess.TimeoutExpired(command, timeout, output=output) from None
     return subprocess.CompletedProcess(command, process.returncode, output, None)
 
 
-def start(command, env=None, capture=False, blocked_signals=()):
-    """Start a launcher command in a session of its own, so that `stop` finds all of its job,
+@contextlib.contextmanager
+def started(command, env=None, capture=False, blocked_signals=(), stop_signal=signal.SIGTERM):
+    """A launcher command running in a session of its own, so that `stop` finds all of its job,
     with `blocked_signals` blocked in it and, as a blocked signal stays blocked across fork and
-    exec, in what it starts (see supervisor.watch)."""
-    def block():
-        signal.pthread_sigmask(signal.SIG_BLOCK, blocked_signals)
+    exec, in what it starts (see supervisor.watch). Leaving the block stops what still runs (with
+    `stop_signal`, on an error or Ctrl-C).
 
-    return subprocess.Popen(command, env=env, start_new_session=True, text=True,
-                            preexec_fn=block if blocked_signals else None,
-                            stdout=subprocess.PIPE if capture else None,
-                            stderr=subprocess.STDOUT if capture else None)
+    mpirun keeps its session directory (PMIx's rendezvous files, shared-memory segments) in a
+    temporary directory of this launch, removed when the block ends. In the default place,
+    TMPDIR/ompi.PID, the directory of an mpirun that was killed made a later mpirun that was given
+    the same pid fail to start ("The PMIx server's listener thread failed to start", status 213)."""
+    session_base = tempfile.mkdtemp(prefix="hvdtrain-mpirun-")
+    env = dict(os.environ if env is None else env)
+    if "PRTE_MCA_prte_tmpdir_base" not in env:  # a base of the user's own stays, and PRRTE refuses both
+        env.setdefault("PRTE_MCA_prte_local_tmpdir_base", session_base)
+    try:
+        process = subprocess.Popen(command, env=env, start_new_session=True, text=True,
+                                   preexec_fn=(lambda: signal.pthread_sigmask(signal.SIG_BLOCK, blocked_signals))
+                                   if blocked_signals else None,
+                                   stdout=subprocess.PIPE if capture else None,
+                                   stderr=subprocess.STDOUT if capture else None)
+        try:
+            yield process
+        finally:
+            if process.poll() is None:
+                stop(process, signum=stop_signal)
+    finally:
+        shutil.rmtree(session_base, ignore_errors=True)
 
 
 def stop(process, grace_s=5.0, signum=signal.SIGTERM):

@@ -273,11 +273,11 @@ def watch(command, env, run_dir, stall_shutdown_s):
     `stall_shutdown_s` and its grace (from the launch to the first beat, at least STARTUP_S:
     starting Python, the frameworks and MPI is not a stall)."""
     shield = shielded_daemons(command, env)
-    process = launcher.start(command, env={**env, **shield}, blocked_signals=[signal.SIGTERM] if shield else [])
     stop_signal = signal.SIGINT if shield else signal.SIGTERM
     latest, beaten = time.time(), False  # of the launch or of the last beat seen (the file goes when the run ends)
     limit = stall_shutdown_s + stall_grace_s(stall_shutdown_s) if stall_shutdown_s else None
-    try:
+    with launcher.started(command, env={**env, **shield}, blocked_signals=[signal.SIGTERM] if shield else [],
+                          stop_signal=stop_signal) as process:
         while process.poll() is None:
             time.sleep(POLL_S)
             beat = last_beat(run_dir)
@@ -288,9 +288,6 @@ def watch(command, env, run_dir, stall_shutdown_s):
             if limit is not None and quiet_s > allowed and process.poll() is None:
                 launcher.stop(process, signum=stop_signal)
                 return Outcome(process.returncode, stalled_s=quiet_s)
-    except KeyboardInterrupt:
-        launcher.stop(process, signum=stop_signal)
-        raise
     return Outcome(process.returncode)
 
 

@@ -31,11 +31,14 @@ fi
 # A UTS namespace of its own gives each host its own hostname, which MPI reports as the
 # processor name; the namespace's name serves. The command is shell text, run in the home
 # directory, as ssh would run it (Open MPI's daemon crashes if it starts in a directory that the
-# tmpfs hides).
+# tmpfs hides). TMPDIR is PRIVATE_DIR on every host: a daemon that was killed leaves its session
+# directory there, with the cluster, not in /tmp, where a later daemon given the same pid would
+# fail to start on it.
 exec ip netns exec "$namespace" unshare --uts --mount --propagation private sh -c '
     hostname "$0" || exit 1
     if [ -n "$1" ]; then
         mount -t tmpfs -o mode=0755 hvdtrain-private-files "$1" || exit 1
     fi
     cd || exit 1
-    exec sh -c "$2"' "$namespace" "$private" "$*"
+    export TMPDIR="$3"
+    exec sh -c "$2"' "$namespace" "$private" "$*" "$private_dir"

@@ -222,9 +222,9 @@ def start_cluster(work_dir, hosts, daemons, kill_wait_s, cpus_per_node, debug_le
     cluster_name = nodes[0].name.rsplit("n", 1)[0]  # the namespaces' tag, "hvt<hex>"
     controller_name = f"{cluster_name}ctl"
     controller_address = hosts.subnet.rsplit(".", 1)[0] + ".1"  # the bridge's
-    cluster = SlurmCluster(nodes, work_dir / "slurm.conf", client_environment(work_dir / "slurm.conf"),
-                           work_dir, work_dir / "jobs")
-    for directory in ("state", "log", "jobs", "munge", *(f"{kind}/{node.name}" for node in nodes
+    environment = client_environment(work_dir / "slurm.conf", work_dir / "job-tmp")
+    cluster = SlurmCluster(nodes, work_dir / "slurm.conf", environment, work_dir, work_dir / "jobs")
+    for directory in ("state", "log", "jobs", "job-tmp", "munge", *(f"{kind}/{node.name}" for node in nodes
                                                          for kind in ("spool", "tmp"))):
         (work_dir / directory).mkdir(mode=0o700, parents=True, exist_ok=True)
     munge_socket = start_munged(work_dir / "munge", daemons, cluster.log_files)
@@ -283,12 +283,15 @@ def start_daemon(command, stderr_path, env):
                                 start_new_session=True, preexec_fn=die_with_parent)
 
 
-def client_environment(conf_path):
+def client_environment(conf_path, job_tmp):
     # The variables of a Slurm job that these tests might themselves run in would point
-    # sbatch, srun and salloc at that job and its cluster.
+    # sbatch, srun and salloc at that job and its cluster. Jobs inherit TMPDIR, so that what
+    # their processes leave there (the session directory of a killed mpirun daemon) goes with
+    # the cluster rather than lies in /tmp for a later daemon of the same pid to trip over.
     env = {name: value for name, value in os.environ.items()
            if not name.startswith(("SLURM_", "SBATCH_", "SALLOC_", "SRUN_"))}
     env["SLURM_CONF"] = str(conf_path)
+    env["TMPDIR"] = str(job_tmp)
     return env
 
 
