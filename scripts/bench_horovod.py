@@ -23,10 +23,11 @@ always runs first; the median and the range of each ratio over rounds are report
 counts only if it exited 0 and printed every iteration and the final "Total img/sec" line. The
 1-minute load average before and after each run is recorded with it.
 
-In the hvdtrain runs each rank also reports the CPU time of hvdtrain's engine thread, which the
-thread reads itself (time.thread_time) as its loop ends: the shim wraps Engine._run for that,
-hvdtrain's code is not changed. Divided by the training steps of the run (warm-up included; the
-initial broadcasts are counted in too), it is the engine's CPU cost per step.
+In the hvdtrain runs each rank also reports the CPU time of hvdtrain's engine thread: read through
+the thread's CPU clock after the warm-up's last optimizer step, and by the thread itself as its
+loop ends (the shim wraps DistributedOptimizer and Engine._run for that; hvdtrain's code is not
+changed). The difference divided by the timed steps is the engine's CPU cost per step in steady
+state: the initial broadcasts and the first steps' coordinator rounds are left out.
 """
 
 import argparse
@@ -58,18 +59,27 @@ HOROVOD_SCRIPT_SHA256 = "020759fa7293888607afa14c39be08aecac5ee9bd07ac63c4fc497b
 RANKS = 2
 VARIANTS = ("horovod", "horovod_yield", "hvdtrain", "ddp")
 RATIOS = (("hvdtrain", "horovod"), ("hvdtrain", "horovod_yield"), ("hvdtrain", "ddp"))
-ENGINE_LINE = re.compile(r"^hvdtrain engine thread: rank (\d+) cpu ([\d.]+) s$", re.M)
 
 SHIM_PACKAGE = '"""Horovod\'s name for hvdtrain, for scripts/bench_horovod.py."""\n'
 SHIM_TORCH = '''"""hvdtrain.torch under Horovod's name, for scripts/bench_horovod.py: this module replaces
-itself by hvdtrain.torch, and each rank prints the CPU time of hvdtrain's engine thread when it ends."""
+itself by hvdtrain.torch, and each rank writes the CPU time of hvdtrain's engine thread to
+engine-cpu.RANK beside this package (not to standard output, where mpirun can interleave it with
+another rank's half-written line): when the warm-up's optimizer steps are done and when the thread
+ends."""
+import os
 import sys
 import time
 
+import hvdtrain.core
 import hvdtrain.torch
 from hvdtrain.core.engine import Engine
 
 _engine_loop = Engine._run
+_make_optimizer = hvdtrain.torch.DistributedOptimizer
+_WARMUP_STEPS = int(os.environ["HVDTRAIN_BENCH_WARMUP_STEPS"])
+_REPORT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                       f"engine-cpu.{os.environ.get('OMPI_COMM_WORLD_RANK', '0')}")
+_timed_from = []
 
 
 # Read by the thread itself as its loop ends, however it ends: at this rank's exit, or earlier
@@ -78,10 +88,28 @@ def _engine_loop_reporting_cpu_time(engine):
     try:
         _engine_loop(engine)
     finally:
-        print(f"hvdtrain engine thread: rank {engine.rank} cpu {time.thread_time():.4f} s", flush=True)
+        with open(_REPORT, "w") as report:
+            report.write(f"{' '.join(_timed_from) or '-'} {time.thread_time():.4f}\\n")
+
+
+def _optimizer_noting_the_end_of_warmup(*args, **kwargs):
+    optimizer = _make_optimizer(*args, **kwargs)
+    step, steps = optimizer.step, []
+
+    def counted_step(*step_args, **step_kwargs):
+        result = step(*step_args, **step_kwargs)
+        steps.append(None)
+        if len(steps) == _WARMUP_STEPS:
+            clock = time.pthread_getcpuclockid(hvdtrain.core._engine._thread.ident)
+            _timed_from.append(f"{time.clock_gettime(clock):.4f}")
+        return result
+
+    optimizer.step = counted_step
+    return optimizer
 
 
 Engine._run = _engine_loop_reporting_cpu_time
+hvdtrain.torch.DistributedOptimizer = _optimizer_noting_the_end_of_warmup
 sys.modules[__name__] = hvdtrain.torch
 '''
 
@@ -139,7 +167,7 @@ def write_shim(directory):
     (package / "torch" / "__init__.py").write_text(SHIM_TORCH)
 
 
-def environment(variant, shim):
+def environment(variant, shim, warmup_steps):
     """The ranks' environment: one thread each, and Open MPI yielding except under Horovod's defaults."""
     base = {name: value for name, value in os.environ.items() if name != "OMPI_MCA_mpi_yield_when_idle"}
     base.update({name: "1" for name in launcher.THREAD_VARIABLES})
@@ -148,6 +176,7 @@ def environment(variant, shim):
         del env["OMPI_MCA_mpi_yield_when_idle"]
     if variant == "hvdtrain":
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(shim), env.get("PYTHONPATH")]))
+        env["HVDTRAIN_BENCH_WARMUP_STEPS"] = str(warmup_steps)
     return env
 
 
@@ -177,7 +206,7 @@ def output_problems(output, returncode, model, args):
 
 
 def run(variant, model, args, horovod_script, shim):
-    env = environment(variant, shim)
+    env = environment(variant, shim, args.num_warmup_batches)
     command = launcher.mpirun_command(program(variant, model, args, horovod_script), num_proc=RANKS, env=env)
     load_before = round(os.getloadavg()[0], 2)
     started = time.monotonic()
@@ -188,15 +217,19 @@ def run(variant, model, args, horovod_script, shim):
     wall_s = time.monotonic() - started
     output = result.stdout
     problems = output_problems(output, result.returncode, model, args)
-    engine_cpu_s = [float(seconds) for _, seconds in sorted(ENGINE_LINE.findall(output))]
-    if variant == "hvdtrain" and len(engine_cpu_s) != RANKS:
-        problems.append(f"engine CPU time from {len(engine_cpu_s)} of {RANKS} ranks")
+    reports = [path.read_text().split() for path in sorted(shim.glob("engine-cpu.*"))]
+    for path in shim.glob("engine-cpu.*"):
+        path.unlink()
+    timed = [(float(start), float(end)) for start, end in reports if start != "-"]
+    if variant == "hvdtrain" and len(timed) != RANKS:
+        problems.append(f"the engine's CPU time over the timed steps from {len(timed)} of {RANKS} ranks")
     if problems:
         raise SystemExit(f"{variant} {model} failed ({'; '.join(problems)}): {' '.join(command)}\n{output}")
-    steps = args.num_warmup_batches + args.num_iters * args.num_batches_per_iter
+    timed_steps = args.num_iters * args.num_batches_per_iter
     return Run(img_s=total_images_per_second(output), wall_s=round(wall_s, 1), load_before=load_before,
-               load_after=round(os.getloadavg()[0], 2), engine_cpu_s=engine_cpu_s,
-               engine_ms_per_step=round(1000 * statistics.mean(engine_cpu_s) / steps, 3) if engine_cpu_s else None)
+               load_after=round(os.getloadavg()[0], 2), engine_cpu_s=[end for _, end in timed],
+               engine_ms_per_step=round(1000 * statistics.mean(end - start for start, end in timed) / timed_steps, 3)
+               if timed else None)
 
 
 def ratio(runs, numerator, denominator):
