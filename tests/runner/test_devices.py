@@ -84,7 +84,7 @@ def no_launch(monkeypatch):
     def launch(command, **options):
         raise AssertionError("launched")
 
-    monkeypatch.setattr(launcher, "start", launch)
+    monkeypatch.setattr(launcher, "started", launch)
 
 
 @pytest.mark.parametrize("overrides,count,message", [
