@@ -122,7 +122,7 @@ class Run:
     wall_s: float
     load_before: float
     load_after: float
-    engine_cpu_s: List[float] = field(default_factory=list)  # per rank; hvdtrain runs only
+    engine_cpu_s: List[float] = field(default_factory=list)  # per rank, over the whole run; hvdtrain runs only
     engine_ms_per_step: Optional[float] = None
 
 
@@ -217,8 +217,9 @@ def run(variant, model, args, horovod_script, shim):
     wall_s = time.monotonic() - started
     output = result.stdout
     problems = output_problems(output, result.returncode, model, args)
-    reports = [path.read_text().split() for path in sorted(shim.glob("engine-cpu.*"))]
-    for path in shim.glob("engine-cpu.*"):
+    report_paths = sorted(shim.glob("engine-cpu.*"))
+    reports = [path.read_text().split() for path in report_paths]
+    for path in report_paths:
         path.unlink()
     timed = [(float(start), float(end)) for start, end in reports if start != "-"]
     if variant == "hvdtrain" and len(timed) != RANKS:

@@ -6,12 +6,12 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 
 from hvdtrain.runner import launcher
+from runner.support import wait_until
 
 PRINT_SESSION = "import os; print(os.getppid(), os.environ['PMIX_SERVER_TMPDIR'])"
 
@@ -41,14 +41,12 @@ def killed_mpirun_leftovers(tmp_dir):
     process = subprocess.Popen([launcher.mpirun_executable(), "-n", "1", "sleep", "60"], env=env,
                                start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     session = tmp_dir / f"ompi.{process.pid}"
-    deadline = time.time() + 30
-    while len(launcher.session_members(process.pid)) < 2 and time.time() < deadline:  # the rank runs
-        time.sleep(0.1)
+    wait_until(lambda: len(launcher.session_members(process.pid)) >= 2, 30, "mpirun's rank to start")
     for pid in launcher.session_members(process.pid):
         os.kill(pid, signal.SIGKILL)
     process.wait()
-    while launcher.session_members(process.pid) and time.time() < deadline:  # they keep the pid taken
-        time.sleep(0.1)
+    # Until the killed rank is reaped, it keeps mpirun's pid taken as its session's id.
+    wait_until(lambda: not launcher.session_members(process.pid), 30, "the killed job's processes to go")
     assert list(session.glob("pmix.*")), f"mpirun left nothing in {session}"
     return process.pid
 
