@@ -23,11 +23,16 @@ import threading
 import numpy as np
 
 from . import cuda as _cuda
+from . import openmpi as _openmpi
 from . import process_sets as _process_sets
 from .exceptions import HorovodInternalError, HostsUpdatedInterrupt, TensorMismatchError
 from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from .requests import ALLREDUCE, Handle, Kind, ReduceOp
 from .settings import Settings, from_environment, ignored_variables
+
+# Open MPI reads its settings when MPI starts, which importing mpi4py.MPI does: a script that
+# imports it after hvdtrain but before init() must start MPI with them too.
+_openmpi.tune_environment()
 
 __all__ = [
     "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank", "cross_size",
@@ -90,9 +95,6 @@ def _start_mpi():
     when the script told mpi4py not to (`mpi4py.rc.initialize = False`, as in Horovod's
     process-set example); then it is finalized here at exit, since mpi4py will not."""
     global _initialized_mpi
-    # The engine thread shares cores with the training threads: Open MPI must not spin while
-    # it waits (see hvdtrain/runner/launcher.py). Read when MPI starts, so only if it has not yet.
-    os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
     from mpi4py import MPI
 
     if MPI.Is_finalized():

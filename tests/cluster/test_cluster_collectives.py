@@ -41,3 +41,29 @@ def test_collectives_across_hosts_are_exact(netns_cluster, cluster_mpirun):
     # so at least that much must cross the link both ways, twice.
     assert received_after - received_before >= 2 * 4 * MIB
     assert sent_after - sent_before >= 2 * 4 * MIB
+
+
+RING_ELEMENTS = 4 * MIB  # 16 MiB of float32: 16 of the engine's 1 MiB pieces
+
+
+def ranks_large_allreduce():
+    from hvdtrain import core
+
+    core.init()
+    ones = np.ones(RING_ELEMENTS, np.float32)
+    summed = core.allreduce_async(ones, name="large", op=core.ReduceOp.SUM).wait()
+    np.testing.assert_array_equal(summed, np.full(RING_ELEMENTS, core.size(), np.float32), err_msg=f"rank {core.rank()}")
+
+
+def test_across_hosts_each_host_sends_what_a_ring_sends(netns_cluster, cluster_mpirun):
+    """Across hosts the engine's pieces are reduced by Open MPI's ring (hvdtrain/core/openmpi.py):
+    each of 3 hosts sends 2(N-1)/N = 4/3 of the buffer. Open MPI's own choice for 1 MiB pieces,
+    recursive doubling, has the first host send the whole buffer twice."""
+    hosts = netns_cluster.hosts[:3]
+    before = [host.traffic_bytes()[1] for host in hosts]
+    cluster_mpirun((1, 1, 1), ranks_large_allreduce)
+    sent = [host.traffic_bytes()[1] - start for host, start in zip(hosts, before)]
+    buffer_bytes = RING_ELEMENTS * 4
+    # Above 4/3: the headers of TCP, IP and Ethernet, and the job's start and coordination.
+    assert all(4 / 3 * buffer_bytes <= each <= 1.5 * buffer_bytes for each in sent), \
+        [round(each / buffer_bytes, 3) for each in sent]
