@@ -18,7 +18,8 @@ and for each link rate:
      (scripts/calibration_jobs.py), and predicts each layout's throughput from the fitted
      links, the model's gradient sizes and the compute time measured with as many ranks
      computing at once: all ranks share this machine's 2 cores, so 4 ranks compute a step in
-     about twice the time of 2.
+     about twice the time of 2; and how much backward and the allreduce slow each other when
+     they run side by side on those cores (the overlap phase), which the prediction takes too.
 The link between ranks of one host (shared memory) is fitted once, from one host of 2 ranks.
 The results (links, every measurement, predictions against measurements and their errors) go to
 studies/scaling_calibration/calibration.json and a table to stdout. --quick: 2 sizes, one rate,
@@ -77,6 +78,7 @@ class Extent:
     training_rounds: int
     training_steps: int  # timed steps of each phase of a round
     training_warmup: int
+    overlap_allreduces: int  # of one step's gradient bytes, beside backward, each round
     probe_seconds: float
     job_timeout_s: int  # a job that hangs fails the calibration after this long
 
@@ -88,15 +90,15 @@ class Extent:
 # tens of MB that a cycle fuses of a large model's gradients (where the bandwidth does).
 FULL = Extent(rates_gbps=(1.0, 2.0), sizes=tuple(size * KIB for size in (4, 32, 256, 2048, 8192, 32768)),
               allreduce_hosts=(2, 3, 4), layouts=((2, 1), (3, 1), (2, 2)), sweep_rounds=3, sweep_warmup=1,
-              sweep_repeats=3, training_rounds=3, training_steps=2, training_warmup=1, probe_seconds=1.0,
-              job_timeout_s=600)
+              sweep_repeats=3, training_rounds=3, training_steps=2, training_warmup=1, overlap_allreduces=3,
+              probe_seconds=1.0, job_timeout_s=600)
 # --quick trains on two layouts of 2 ranks, one across hosts and one within a host: each rank of a
 # training job starts PyTorch, which takes seconds. Its large size must take well over the engine's
 # millisecond or two a call even over shared memory (about 5 ms at 7 GB/s), or the fit can find no
 # bandwidth in the noise and report an infinite one (seen with 4 MiB).
 QUICK = Extent(rates_gbps=(1.0,), sizes=(4 * KIB, 32 * MIB), allreduce_hosts=(2,), layouts=((2, 1), (1, 2)),
                sweep_rounds=1, sweep_warmup=1, sweep_repeats=2, training_rounds=1, training_steps=1, training_warmup=1,
-               probe_seconds=0.3, job_timeout_s=120)
+               overlap_allreduces=2, probe_seconds=0.3, job_timeout_s=120)
 
 
 def load_netns_cluster():
@@ -283,7 +285,7 @@ def allreduce_sweep(cluster, layout, extent, work):
 def train_and_predict(cluster, rate_gbps, layout, network, extent, config, work):
     hosts, slots = layout
     spec = {"config": str(config), "rounds": extent.training_rounds, "steps": extent.training_steps,
-            "warmup": extent.training_warmup}
+            "warmup": extent.training_warmup, "overlap_allreduces": extent.overlap_allreduces}
     result = run_job(cluster, [(host, slots) for host in cluster.hosts[:hosts]], "training", spec, extent, work)
     rounds = result["rounds"]
     workload = scaling.Workload(
@@ -291,18 +293,25 @@ def train_and_predict(cluster, rate_gbps, layout, network, extent, config, work)
         compute_s=statistics.median(r["alone"]["step_s"] for r in rounds),
         backward_fraction=statistics.median(backward_share(r["alone"]) for r in rounds),
         gradient_bytes=tuple(result["gradient_bytes"]))
+    overlap = scaling.Overlap(*(statistics.median(r["overlap"][key] for r in rounds)
+                                for key in ("compute_slowdown", "communication_slowdown")))
     measured_step_s = statistics.median(r["parallel"]["step_s"] for r in rounds)
     measured = hosts * slots * workload.samples_per_step / measured_step_s
-    predicted = scaling.samples_per_s(workload, hosts, slots, network)
+    predicted = scaling.samples_per_s(workload, hosts, slots, network, overlap=overlap)
+    independent = scaling.samples_per_s(workload, hosts, slots, network)
     row = {"rate_gbps": rate_gbps, "hosts": hosts, "slots": slots, "threads_per_rank": result["threads_per_rank"],
            "samples_per_step": workload.samples_per_step, "gradient_bytes": sum(workload.gradient_bytes),
            "gradient_tensors": len(workload.gradient_bytes), "compute_s": workload.compute_s,
            "backward_fraction": workload.backward_fraction, "measured_step_s": measured_step_s,
-           "predicted_step_s": scaling.step_s(workload, hosts, slots, network),
+           "predicted_step_s": scaling.step_s(workload, hosts, slots, network, overlap=overlap),
            "measured_samples_per_s": measured, "predicted_samples_per_s": predicted,
            "error": predicted / measured - 1,
-           # What the model does not see: on shared cores the allreduce that overlaps backward
-           # takes CPU from it (the sending, the reductions, the engine's thread).
+           # On shared cores the allreduce that overlaps backward takes CPU from it (the sending,
+           # the reductions, the engine's thread), and backward from the allreduce: measured
+           # side by side (the overlap phase) for the prediction, and in the training itself.
+           "overlap": {"compute_slowdown": overlap.compute_slowdown,
+                       "communication_slowdown": overlap.communication_slowdown},
+           "error_if_overlap_were_free": independent / measured - 1,
            "compute_slowdown_in_parallel": statistics.median(
                computing_s(r["parallel"]) / computing_s(r["alone"]) - 1 for r in rounds),
            "rounds": rounds}
@@ -358,15 +367,17 @@ def print_tables(result):
     print(f"{'within':>8} {'':>8} {'':>11} {within['fitted']['gbps']:>8.3g} G {within['fitted']['latency_us']:>7.0f} us "
           f"{largest_residual(within):>14.0%}")
     print("\nTraining: a step's compute (every rank alone), the data-parallel step measured and predicted, the "
-          "throughputs (samples/s) and the prediction's error; slowdown: how much longer forward and backward "
-          "took in the data-parallel steps")
+          "throughputs (samples/s) and the prediction's error (and its error if overlap were free); overlap: "
+          "how much slower backward and the allreduce ran side by side (the model's input); slowdown: how much "
+          "longer forward and backward took in the data-parallel steps")
     print(f"{'rate':>8} {'layout':>7} {'compute':>10} {'step':>10} {'predicted':>10} {'samples/s':>10} "
-          f"{'predicted':>10} {'error':>7} {'slowdown':>9}")
+          f"{'predicted':>10} {'error':>7} {'if free':>8} {'overlap':>12} {'slowdown':>9}")
     for row in result["training"]:
+        overlap = f"{row['overlap']['compute_slowdown']:.2f}/{row['overlap']['communication_slowdown']:.2f}"
         print(f"{row['rate_gbps']:>6g} G {row['hosts']:>5}x{row['slots']} {row['compute_s'] * 1e3:>7.0f} ms "
               f"{row['measured_step_s'] * 1e3:>7.0f} ms {row['predicted_step_s'] * 1e3:>7.0f} ms "
               f"{row['measured_samples_per_s']:>10.3g} {row['predicted_samples_per_s']:>10.3g} {row['error']:>+7.0%} "
-              f"{row['compute_slowdown_in_parallel']:>+9.0%}")
+              f"{row['error_if_overlap_were_free']:>+8.0%} {overlap:>12} {row['compute_slowdown_in_parallel']:>+9.0%}")
 
 
 def largest_residual(fitted_link):

@@ -16,14 +16,19 @@
   all ranks to the next, so the alone phase gives the compute time of a step with as many ranks
   sharing this machine's cores as the data-parallel phase has. Rank 0 writes both per round,
   each with the forward, backward and update seconds of a step (averaged over the ranks): in
-  the data-parallel phase the update includes the wait for what backward did not hide.
+  the data-parallel phase the update includes the wait for what backward did not hide. Then
+  the overlap phase: the alone model's forward and backward while a thread reduces one step's
+  gradient bytes (in one buffer, through the engine) a few times, and those allreduces again
+  with nothing computing: how much slower each ran beside the other.
 OUTPUT is a JSON file (the first host sees this machine's files); SPEC_JSON the job's arguments.
 """
 
 import json
+import math
 import socket
 import statistics
 import sys
+import threading
 import time
 
 import numpy as np
@@ -103,10 +108,11 @@ def allreduce(spec, output):
 
 
 def training(spec, output):
+    import hvdtrain.torch as hvd  # first: it sets what Open MPI reads when mpi4py starts it
     import torch
     from mpi4py import MPI
 
-    import hvdtrain.torch as hvd
+    from hvdtrain import core as hvd_core
     from hvdtrain.runner.config import load_run_config
     from hvdtrain.runner.prediction import gradient_sizes
     from hvdtrain.runner.profiling import timed_step
@@ -146,6 +152,44 @@ def training(spec, output):
         forward_s, backward_s, update_s = (float(mean) for mean in np.mean(world.allgather(parts), axis=0))
         return {"step_s": elapsed, "forward_s": forward_s, "backward_s": backward_s, "update_s": update_s}
 
+    # One step's gradients in one buffer: what the overlap phase reduces while backward runs.
+    gradients = np.ones(sum(gradient_sizes(parallel_model)) // 4, np.float32)
+
+    def reduce_gradients(count):
+        """Seconds of `count` allreduces of the gradients' bytes, one after another."""
+        started = time.perf_counter()
+        for _ in range(count):
+            hvd_core.allreduce_async(gradients, name="calibration.overlap", op=hvd_core.ReduceOp.SUM).wait()
+        return time.perf_counter() - started
+
+    def overlap(alone, least_allreduces):
+        """The alone model's forward and backward, while a thread reduces the gradients' bytes
+        (at least `least_allreduces` times, and for at least 3 steps), and the same allreduces
+        with nothing computing: how much slower each runs beside the other (averaged over the
+        ranks)."""
+        world.Barrier()
+        one_s = reduce_gradients(1)
+        compute_s = alone["forward_s"] + alone["backward_s"]
+        allreduces = world.allreduce(max(least_allreduces, math.ceil(3 * compute_s / one_s)), op=MPI.MAX)
+        world.Barrier()
+        together = {}
+        thread = threading.Thread(target=lambda: together.update(seconds=reduce_gradients(allreduces)))
+        thread.start()
+        computing, last_s = [], None
+        while thread.is_alive():
+            forward_s, backward_s, _ = timed_step(*phases["alone"], inputs, labels)
+            last_s = forward_s + backward_s
+            if thread.is_alive():  # the steps that the allreduces overlapped from end to end
+                computing.append(last_s)
+        thread.join()
+        computing = computing or [last_s]  # a model so small that the allreduces outran a step
+        world.Barrier()
+        reduce_alone_s = reduce_gradients(allreduces)
+        compute_slowdown = statistics.mean(computing) / (alone["forward_s"] + alone["backward_s"])
+        slowdowns = np.mean(world.allgather([compute_slowdown, together["seconds"] / reduce_alone_s]), axis=0)
+        return {"compute_slowdown": float(slowdowns[0]), "communication_slowdown": float(slowdowns[1]),
+                "steps_overlapped": len(computing)}
+
     for _ in range(spec["warmup"]):
         for model_and_optimizer in phases.values():
             timed_step(*model_and_optimizer, inputs, labels)
@@ -153,7 +197,9 @@ def training(spec, output):
     for index in range(spec["rounds"]):
         # Alternating which phase goes first keeps a drift of the machine's speed from favouring one.
         order = ("alone", "parallel") if index % 2 == 0 else ("parallel", "alone")
-        rounds.append({name: phase(phases[name], spec["steps"]) for name in order})
+        measured = {name: phase(phases[name], spec["steps"]) for name in order}
+        measured["overlap"] = overlap(measured["alone"], spec["overlap_allreduces"])
+        rounds.append(measured)
     if world.Get_rank() == 0:
         write(output, {"ranks": world.Get_size(), "samples_per_step": cfg.train.batch_size,
                        "gradient_bytes": list(gradient_sizes(parallel_model)),

@@ -20,6 +20,11 @@ the engine runs it:
   host, allreduces 1/slots of the data across hosts, and allgathers within the host, and a
   reduce-scatter followed by an allgather costs exactly one ring allreduce.
 - What is still being reduced when backward ends is exposed: step = compute + exposed.
+- Overlap may not be free: where compute and communication share a resource (CPU ranks whose
+  cores also move and reduce the bytes), backward runs `compute_slowdown` times slower while a
+  reduction runs, and a reduction `communication_slowdown` times slower while backward runs.
+  Both are measured, side by side, not fitted (scripts/calibrate_scaling.py); 1 for devices
+  that compute while the network moves the bytes.
 
 Framework-free (plain numbers); the plan (plan.py) feeds it a model's gradient sizes, a
 measured or published single-device throughput and the cluster's links.
@@ -78,6 +83,17 @@ class Workload:
     gradient_bytes: Tuple[int, ...]  # per-tensor gradient sizes in the order backward produces them
 
 
+@dataclass(frozen=True)
+class Overlap:
+    """How much backward and the allreduce slow each other while both run (1: not at all)."""
+
+    compute_slowdown: float = 1.0
+    communication_slowdown: float = 1.0
+
+
+INDEPENDENT = Overlap()
+
+
 def ring_allreduce_s(nbytes, ranks, link):
     """Seconds of a ring allreduce of `nbytes` over `ranks` ranks joined by `link`."""
     steps = 2 * (ranks - 1)
@@ -98,7 +114,8 @@ def allreduce_s(nbytes, hosts, slots, network, hierarchical=False):
     return ring_allreduce_s(nbytes, hosts * slots, slowest)
 
 
-def step_s(workload, hosts, slots, network, fusion_threshold_bytes=None, cycle_time_s=None, hierarchical=False):
+def step_s(workload, hosts, slots, network, fusion_threshold_bytes=None, cycle_time_s=None, hierarchical=False,
+           overlap=INDEPENDENT):
     """Seconds of one training step on every rank of `hosts` x `slots` (see the module's doc).
     The engine's settings default to hvdtrain's (hvdtrain.core.settings.Settings, Horovod's)."""
     from hvdtrain.core.settings import Settings  # here, not at import: the `hvdtrain` command imports this module
@@ -111,18 +128,39 @@ def step_s(workload, hosts, slots, network, fusion_threshold_bytes=None, cycle_t
         return workload.compute_s  # one rank reduces nothing, as Horovod's DistributedOptimizer
     backward_s = workload.backward_fraction * workload.compute_s
     sizes = workload.gradient_bytes
-    ready = [backward_s * (index + 1) / len(sizes) for index in range(len(sizes))]  # from backward's start
-    engine_free = 0.0
-    first = 0
-    while first < len(sizes):
-        cycle = max(ready[first] + cycle_time_s, engine_free)
-        last = first
-        while last < len(sizes) and ready[last] <= cycle:
-            last += 1
-        engine_free = cycle + sum(allreduce_s(nbytes, hosts, slots, network, hierarchical)
-                                  for nbytes in fused_buffers(sizes[first:last], fusion_threshold_bytes))
-        first = last
-    return workload.compute_s + max(0.0, engine_free - backward_s)
+    ready = [backward_s * (index + 1) / len(sizes) for index in range(len(sizes))]  # backward's progress
+    # Simulated in wall time from backward's start, from one event to the next (a gradient
+    # ready, the engine's cycle starting, its reductions done), with backward's and the
+    # reductions' rates constant in between.
+    now = progress = 0.0  # progress: seconds of backward alone done so far
+    ready_at = []  # wall time at which each gradient was ready
+    taken = 0  # gradients the engine has taken into a cycle
+    reducing_left = 0.0  # seconds (alone) of the current cycle's reductions still to do
+    while True:
+        while len(ready_at) < len(sizes) and ready[len(ready_at)] <= progress:
+            ready_at.append(now)
+        computing, reducing = len(ready_at) < len(sizes), reducing_left > 0  # backward ends with its last gradient
+        cycle_start = ready_at[taken] + cycle_time_s if not reducing and taken < len(ready_at) else math.inf
+        if cycle_start <= now:
+            reducing_left = sum(allreduce_s(nbytes, hosts, slots, network, hierarchical)
+                                for nbytes in fused_buffers(sizes[taken:len(ready_at)], fusion_threshold_bytes))
+            taken = len(ready_at)
+            continue
+        if not computing and not reducing and taken == len(sizes):
+            break
+        compute_rate = 1 / overlap.compute_slowdown if reducing else 1.0
+        reduce_rate = 1 / overlap.communication_slowdown if computing else 1.0
+        to_gradient = (ready[len(ready_at)] - progress) / compute_rate if computing else math.inf
+        to_reduced = reducing_left / reduce_rate if reducing else math.inf
+        step = min(cycle_start - now, to_gradient, to_reduced)
+        now += step
+        # The event that ends the step lands exactly: rounding must not leave it a hair short.
+        if computing:
+            progress = ready[len(ready_at)] if step == to_gradient else min(progress + step * compute_rate,
+                                                                             ready[len(ready_at)])
+        if reducing:
+            reducing_left = 0.0 if step == to_reduced else reducing_left - step * reduce_rate
+    return workload.compute_s - backward_s + now
 
 
 def fused_buffers(sizes, fusion_threshold_bytes):

@@ -45,6 +45,9 @@ def test_the_quick_calibration_fits_links_and_predicts_training(netns_cluster, t
         assert math.isclose(row["measured_samples_per_s"], ranks * row["samples_per_step"] / row["measured_step_s"])
         assert math.isclose(row["error"], row["predicted_samples_per_s"] / row["measured_samples_per_s"] - 1)
         assert len(row["rounds"]) == calibration.QUICK.training_rounds
+        # Backward and the allreduce side by side, measured: the prediction's input.
+        assert all(r["overlap"]["steps_overlapped"] >= 1 for r in row["rounds"])
+        assert row["overlap"]["compute_slowdown"] > 0 and row["overlap"]["communication_slowdown"] > 0
 
     # The links are the session's: left as they were found, unshaped.
     for host in netns_cluster.hosts:

@@ -6,7 +6,7 @@ import random
 import pytest
 
 from hvdtrain.core.settings import Settings
-from hvdtrain.runner.scaling import (Link, Network, Workload, allreduce_s, efficiency, fit_link, fused_buffers,
+from hvdtrain.runner.scaling import (Link, Network, Overlap, Workload, allreduce_s, efficiency, fit_link, fused_buffers,
                                      ring_allreduce_s, samples_per_s, step_s)
 
 GIGABYTE = 10**9
@@ -143,3 +143,19 @@ def test_fit_link_keeps_the_latency_at_zero_rather_than_below():
 def test_fit_link_needs_more_than_one_size():
     with pytest.raises(ValueError, match="more than one size"):
         fit_link([(4, 10**6, 0.01), (4, 10**6, 0.011)])
+
+
+def test_where_overlap_is_not_free_backward_and_the_reductions_slow_each_other_while_both_run():
+    """Two gradients, ready at a quarter and at half of a step of 1 s (backward 0.5 s), whose
+    allreduces take 0.5 s and 0.1 s alone; each side runs at half speed while the other runs."""
+    two = workload([10**9, 2 * 10**8], compute_s=1.0, backward_fraction=0.5)
+    link = Network(across=Link(gbps=16.0, latency_us=0.0), within=Link(gbps=16.0, latency_us=0.0))
+    engine = {"fusion_threshold_bytes": 0, "cycle_time_s": 0.0}
+    # Alone: the first reduction runs 0.25-0.75, the second 0.75-0.85; then forward and update.
+    assert step_s(two, 2, 1, link, **engine) == pytest.approx(0.5 + 0.85, rel=1e-12)
+    assert step_s(two, 2, 1, link, **engine, overlap=Overlap(1.0, 1.0)) == step_s(two, 2, 1, link, **engine)
+    # Both slowed 2x: backward's last 0.25 s take 0.25-0.75, the first reduction does 0.25 s of its
+    # 0.5 meanwhile and the rest alone by 1.0; the second runs 1.0-1.1.
+    assert step_s(two, 2, 1, link, **engine, overlap=Overlap(2.0, 2.0)) == pytest.approx(0.5 + 1.1, rel=1e-12)
+    # Only backward slowed: it ends at 0.75, and so does the first reduction; the second 0.75-0.85.
+    assert step_s(two, 2, 1, link, **engine, overlap=Overlap(2.0, 1.0)) == pytest.approx(0.5 + 0.85, rel=1e-12)
