@@ -51,6 +51,15 @@ def test_the_wheel_is_not_the_checkout(installed):
     assert str(venv) in where and str(REPO) not in where
 
 
+def test_the_wheel_carries_the_allreduce_rules_open_mpi_reads_across_hosts(installed):
+    venv, elsewhere, env = installed
+    rules = subprocess.run([str(venv / "bin" / "python"), "-c",
+                            "from hvdtrain.core import openmpi; print(openmpi.ALLREDUCE_RULES.read_text())"],
+                           cwd=elsewhere, env=env, capture_output=True, text=True)
+    assert rules.returncode == 0, rules.stderr
+    assert rules.stdout == (REPO / "hvdtrain" / "core" / "openmpi_allreduce_rules.txt").read_text() + "\n"
+
+
 def test_dry_run_and_default_recipe_from_an_unrelated_directory(installed):
     venv, elsewhere, _ = installed
     plan = hvdtrain(installed, "recipe=resnet50_imagenet_8k", "cluster=32x8", "dry_run=true")
