@@ -17,8 +17,9 @@ the engine runs it:
   In a flat ring over hosts x slots every step waits for the slowest link the ring crosses
   (each host is entered and left once, so a host's uplink carries what one rank sends); the
   hierarchical variant (Horovod's HOROVOD_HIERARCHICAL_ALLREDUCE) reduce-scatters within each
-  host, allreduces 1/slots of the data across hosts, and allgathers within the host, and a
-  reduce-scatter followed by an allgather costs exactly one ring allreduce.
+  host, has each rank allreduce its 1/slots of the data across hosts, all of a host's ranks at
+  once through its one link, and allgathers within the host; a reduce-scatter followed by an
+  allgather costs exactly one ring allreduce.
 - What is still being reduced when backward ends is exposed: step = compute + exposed.
 - Overlap may not be free: where compute and communication share a resource (CPU ranks whose
   cores also move and reduce the bytes), backward runs `compute_slowdown` times slower while a
@@ -105,8 +106,10 @@ def ring_allreduce_s(nbytes, ranks, link):
 def allreduce_s(nbytes, hosts, slots, network, hierarchical=False):
     """Seconds of one allreduce of `nbytes` over `hosts` hosts of `slots` ranks each."""
     if hierarchical:
+        # The host's `slots` rings across hosts, 1/slots of the data each, run at once through
+        # its one link: together they take the time of a ring over the whole buffer.
         return (ring_allreduce_s(nbytes, slots, network.within)
-                + ring_allreduce_s(nbytes / slots, hosts, network.across))
+                + ring_allreduce_s(nbytes, hosts, network.across))
     crossed = [link for link, used in ((network.across, hosts > 1), (network.within, slots > 1)) if used]
     if not crossed:
         return 0.0
