@@ -175,17 +175,18 @@ def training(spec, output):
         together = {}
         thread = threading.Thread(target=lambda: together.update(seconds=reduce_gradients(allreduces)))
         thread.start()
-        computing, last_s = [], None
-        while thread.is_alive():
+        computing = []  # the steps that the allreduces overlapped from end to end
+        while True:
             forward_s, backward_s, _ = timed_step(*phases["alone"], inputs, labels)
-            last_s = forward_s + backward_s
-            if thread.is_alive():  # the steps that the allreduces overlapped from end to end
-                computing.append(last_s)
+            if not thread.is_alive():
+                # A model so small that the allreduces outran its first step: that step it is.
+                computing = computing or [forward_s + backward_s]
+                break
+            computing.append(forward_s + backward_s)
         thread.join()
-        computing = computing or [last_s]  # a model so small that the allreduces outran a step
         world.Barrier()
         reduce_alone_s = reduce_gradients(allreduces)
-        compute_slowdown = statistics.mean(computing) / (alone["forward_s"] + alone["backward_s"])
+        compute_slowdown = statistics.mean(computing) / compute_s
         slowdowns = np.mean(world.allgather([compute_slowdown, together["seconds"] / reduce_alone_s]), axis=0)
         return {"compute_slowdown": float(slowdowns[0]), "communication_slowdown": float(slowdowns[1]),
                 "steps_overlapped": len(computing)}
