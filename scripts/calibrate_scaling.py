@@ -78,7 +78,7 @@ class Extent:
     training_rounds: int
     training_steps: int  # timed steps of each phase of a round
     training_warmup: int
-    overlap_allreduces: int  # of one step's gradient bytes, beside backward, each round
+    overlap_allreduces: int  # at least this many of one step's gradient bytes beside backward, each round
     probe_seconds: float
     job_timeout_s: int  # a job that hangs fails the calibration after this long
 
@@ -297,13 +297,14 @@ def train_and_predict(cluster, rate_gbps, layout, network, extent, config, work)
                                 for key in ("compute_slowdown", "communication_slowdown")))
     measured_step_s = statistics.median(r["parallel"]["step_s"] for r in rounds)
     measured = hosts * slots * workload.samples_per_step / measured_step_s
-    predicted = scaling.samples_per_s(workload, hosts, slots, network, overlap=overlap)
+    predicted_step_s = scaling.step_s(workload, hosts, slots, network, overlap=overlap)
+    predicted = hosts * slots * workload.samples_per_step / predicted_step_s
     independent = scaling.samples_per_s(workload, hosts, slots, network)
     row = {"rate_gbps": rate_gbps, "hosts": hosts, "slots": slots, "threads_per_rank": result["threads_per_rank"],
            "samples_per_step": workload.samples_per_step, "gradient_bytes": sum(workload.gradient_bytes),
            "gradient_tensors": len(workload.gradient_bytes), "compute_s": workload.compute_s,
            "backward_fraction": workload.backward_fraction, "measured_step_s": measured_step_s,
-           "predicted_step_s": scaling.step_s(workload, hosts, slots, network, overlap=overlap),
+           "predicted_step_s": predicted_step_s,
            "measured_samples_per_s": measured, "predicted_samples_per_s": predicted,
            "error": predicted / measured - 1,
            # On shared cores the allreduce that overlaps backward takes CPU from it (the sending,

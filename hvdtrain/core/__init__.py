@@ -17,7 +17,6 @@ orders that stream after the collective, without blocking the host.
 
 import atexit
 import logging
-import os
 import threading
 
 import numpy as np

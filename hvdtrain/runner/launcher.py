@@ -59,8 +59,8 @@ def worker_environment(ranks_on_host, base=None):
     # Open MPI spins while it waits for a peer, and the spinning takes the core from the threads
     # that compute: with more ranks than cores, collectives ran 2x to 50x slower (4 ranks on 2
     # cores); with one core per rank, the engine thread spinning in its reductions slowed
-    # ResNet-50's forward and backward by 10-20 %. Yielding lets them run. (core.init sets it
-    # too, for jobs started by other launchers.)
+    # ResNet-50's forward and backward by 10-20 %. Yielding lets them run. (Importing
+    # hvdtrain.core sets it too, for jobs started by other launchers: hvdtrain/core/openmpi.py.)
     env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
