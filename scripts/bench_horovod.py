@@ -12,6 +12,8 @@ is checked), trains each model on synthetic data with 2 ranks of one thread each
   - horovod_yield:  the same with OMPI_MCA_mpi_yield_when_idle=1, which hvdtrain's launcher sets;
   - hvdtrain:       the same script with `import horovod.torch` resolving to hvdtrain.torch (a
                     shim package written to a temporary directory first on PYTHONPATH);
+  - hvdtrain_per_gradient (only when --variants names it): hvdtrain submitting each gradient on its
+                    own (HVDTRAIN_SEGMENT_BYTES=0), as Horovod does, to measure what segments bring;
 and PyTorch DDP on gloo runs scripts/synthetic_benchmark.py --ddp with the same flags (ddp).
 All four use .venv's torch and Open MPI, started by the same mpirun command (no binding, ranks
 mapped by slot). The PyPI sdist has no examples/, so the script is fetched from Horovod's git tag
@@ -58,7 +60,10 @@ HOROVOD_SCRIPT_URL = ("https://raw.githubusercontent.com/horovod/horovod/v0.28.1
 HOROVOD_SCRIPT_SHA256 = "020759fa7293888607afa14c39be08aecac5ee9bd07ac63c4fc497b975d6ae88"
 RANKS = 2
 VARIANTS = ("horovod", "horovod_yield", "hvdtrain", "ddp")
-RATIOS = (("hvdtrain", "horovod"), ("hvdtrain", "horovod_yield"), ("hvdtrain", "ddp"))
+# On request (--variants): hvdtrain submitting each gradient on its own, as before segments.
+EXTRA_VARIANTS = ("hvdtrain_per_gradient",)
+RATIOS = (("hvdtrain", "horovod"), ("hvdtrain", "horovod_yield"), ("hvdtrain", "ddp"),
+          ("hvdtrain", "hvdtrain_per_gradient"))
 
 SHIM_PACKAGE = '"""Horovod\'s name for hvdtrain, for scripts/bench_horovod.py."""\n'
 SHIM_TORCH = '''"""hvdtrain.torch under Horovod's name, for scripts/bench_horovod.py: this module replaces
@@ -135,6 +140,8 @@ def parse_args():
     parser.add_argument("--num-warmup-batches", type=int, default=2)
     parser.add_argument("--num-batches-per-iter", type=int, default=5)
     parser.add_argument("--num-iters", type=int, default=5)
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS + EXTRA_VARIANTS,
+                        help="the set-ups to run (hvdtrain always)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds one run may take")
     parser.add_argument("--out", type=Path, default=REPO / "studies" / "horovod_bench" / "results.json",
                         help="where the JSON of every run and the summary is written")
@@ -174,7 +181,9 @@ def environment(variant, shim, warmup_steps):
     env = launcher.worker_environment(RANKS, base)
     if variant == "horovod":
         del env["OMPI_MCA_mpi_yield_when_idle"]
-    if variant == "hvdtrain":
+    if variant == "hvdtrain_per_gradient":
+        env["HVDTRAIN_SEGMENT_BYTES"] = "0"
+    if variant.startswith("hvdtrain"):
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(shim), env.get("PYTHONPATH")]))
         env["HVDTRAIN_BENCH_WARMUP_STEPS"] = str(warmup_steps)
     return env
@@ -222,7 +231,7 @@ def run(variant, model, args, horovod_script, shim):
     for path in report_paths:
         path.unlink()
     timed = [(float(start), float(end)) for start, end in reports if start != "-"]
-    if variant == "hvdtrain" and len(timed) != RANKS:
+    if variant.startswith("hvdtrain") and len(timed) != RANKS:
         problems.append(f"the engine's CPU time over the timed steps from {len(timed)} of {RANKS} ranks")
     if problems:
         raise SystemExit(f"{variant} {model} failed ({'; '.join(problems)}): {' '.join(command)}\n{output}")
@@ -237,16 +246,21 @@ def ratio(runs, numerator, denominator):
     return runs[numerator].img_s / runs[denominator].img_s
 
 
-def summarize(rounds, models):
+def ratios_of(variants):
+    return [(n, d) for n, d in RATIOS if n in variants and d in variants]
+
+
+def summarize(rounds, models, variants):
     """Per model: the median img/s of each set-up, and each ratio's median, range and rounds."""
     summary = {}
     for model in models:
         runs = [r["runs"][model] for r in rounds]
         summary[model] = {
-            "img_s_median": {v: statistics.median(r[v].img_s for r in runs) for v in VARIANTS},
-            "engine_ms_per_step_median": statistics.median(r["hvdtrain"].engine_ms_per_step for r in runs),
+            "img_s_median": {v: statistics.median(r[v].img_s for r in runs) for v in variants},
+            "engine_ms_per_step_median": {v: statistics.median(r[v].engine_ms_per_step for r in runs)
+                                          for v in variants if v.startswith("hvdtrain")},
         }
-        for numerator, denominator in RATIOS:
+        for numerator, denominator in ratios_of(variants):
             by_round = [ratio(r, numerator, denominator) for r in runs]
             summary[model][f"{numerator}_over_{denominator}"] = {
                 "median": round(statistics.median(by_round), 3), "min": round(min(by_round), 3),
@@ -255,8 +269,10 @@ def summarize(rounds, models):
 
 
 def print_table(rounds, summary, args):
-    ratio_names = [f"{n}/{d}" for n, d in RATIOS]
-    header = ["round", *VARIANTS, *ratio_names, "engine ms/step"]
+    variants, ratios = args.variants, ratios_of(args.variants)
+    ratio_names = [f"{n}/{d}" for n, d in ratios]
+    engines = [v for v in variants if v.startswith("hvdtrain")]
+    header = ["round", *variants, *ratio_names, *(f"{v} engine ms/step" for v in engines)]
     widths = [max(8, len(name)) for name in header]
 
     def line(cells):
@@ -267,13 +283,14 @@ def print_table(rounds, summary, args):
         line(header)
         for r in rounds:
             runs = r["runs"][model]
-            line([r["round"], *(f"{runs[v].img_s:.1f}" for v in VARIANTS),
-                  *(f"{ratio(runs, n, d):.3f}" for n, d in RATIOS), runs["hvdtrain"].engine_ms_per_step])
+            line([r["round"], *(f"{runs[v].img_s:.1f}" for v in variants),
+                  *(f"{ratio(runs, n, d):.3f}" for n, d in ratios), *(runs[v].engine_ms_per_step for v in engines)])
         medians = figures["img_s_median"]
-        line(["median", *(f"{medians[v]:.1f}" for v in VARIANTS),
-              *(f"{figures[f'{n}_over_{d}']['median']:.3f}" for n, d in RATIOS), figures["engine_ms_per_step_median"]])
-        line(["min-max", *([""] * len(VARIANTS)),
-              *(f"{figures[f'{n}_over_{d}']['min']:.2f}-{figures[f'{n}_over_{d}']['max']:.2f}" for n, d in RATIOS)])
+        line(["median", *(f"{medians[v]:.1f}" for v in variants),
+              *(f"{figures[f'{n}_over_{d}']['median']:.3f}" for n, d in ratios),
+              *(figures["engine_ms_per_step_median"][v] for v in engines)])
+        line(["min-max", *([""] * len(variants)),
+              *(f"{figures[f'{n}_over_{d}']['min']:.2f}-{figures[f'{n}_over_{d}']['max']:.2f}" for n, d in ratios)])
 
 
 def main():
@@ -281,11 +298,13 @@ def main():
     if not HOROVOD_PYTHON.exists():
         raise SystemExit(f"{HOROVOD_PYTHON} is missing: run sh scripts/build_horovod.sh first")
     horovod_script = horovod_benchmark_script()
+    variants = tuple(dict.fromkeys(["hvdtrain", *args.variants]))
+    args.variants = variants
     rounds = []
     with tempfile.TemporaryDirectory(prefix="hvdtrain-horovod-shim-") as shim:
         write_shim(Path(shim))
         for index in range(args.rounds):
-            order = VARIANTS[index % len(VARIANTS):] + VARIANTS[:index % len(VARIANTS)]
+            order = variants[index % len(variants):] + variants[:index % len(variants)]
             runs = {}
             for model in args.models:
                 runs[model] = {}
@@ -296,7 +315,7 @@ def main():
                           f"(load {figures.load_before:.2f} -> {figures.load_after:.2f})", flush=True)
             rounds.append({"round": index + 1, "order": list(order), "runs": runs})
 
-    summary = summarize(rounds, args.models)
+    summary = summarize(rounds, args.models, variants)
     print_table(rounds, summary, args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     settings = {name: getattr(args, name) for name in ("batch_size", "num_warmup_batches", "num_batches_per_iter",

@@ -36,6 +36,9 @@ class Settings:
     # Tensors at least this large are reduced where they lie, without a copy into the
     # fusion buffer; smaller ones are packed together.
     pack_below_bytes: int = 64 * 1024
+    # A framework's DistributedOptimizer submits its gradients in runs of about this many bytes
+    # (0: each gradient on its own, as Horovod does); see hvdtrain/torch/optimizer.py.
+    segment_bytes: int = 4 * MIB
     dynamic_process_sets: bool = False
     # How each operation moves device buffers: "NCCL", or "MPI" through pinned host memory.
     gpu_operations: Dict[str, str] = field(default_factory=lambda: dict.fromkeys(GPU_OPERATIONS, "NCCL"))
@@ -157,6 +160,7 @@ def from_environment(env=None) -> Settings:
         log_level=_LOG_LEVELS[level_name],
         chunk_bytes=chunk_bytes,
         pack_below_bytes=_number(env, "HVDTRAIN_PACK_BELOW_BYTES", Settings.pack_below_bytes, int),
+        segment_bytes=_number(env, "HVDTRAIN_SEGMENT_BYTES", Settings.segment_bytes, int),
         dynamic_process_sets=_flag(env, "HOROVOD_DYNAMIC_PROCESS_SETS"),
         gpu_operations=gpu_operations(env),
     )

@@ -1,15 +1,17 @@
 """DistributedOptimizer: horovod.torch's wrapper that averages gradients across ranks.
 
-Each gradient's allreduce starts from a hook the moment autograd has accumulated it, so
-communication overlaps the rest of backward; step() waits for them.
+A hook counts each gradient the moment autograd has accumulated it, and a segment's allreduce
+starts as soon as all its gradients are in, so communication overlaps the rest of backward;
+step() waits for them.
 
 Unlike Horovod, the gradients of dense parameters live in one flat tensor per device kind and
 dtype (a bucket, as DistributedDataParallel's gradient_as_bucket_view), laid out alike on every
-rank; on a GPU the bucket is device memory, and a hook submits its gradient with the stream
-that computed it, so nothing waits on the host until the update reads the result.
-The engine then reduces gradients that are ready together and lie next to each other as one
-region, in transport-sized pieces and without copies: measured on ResNet-101 this is what
-brings the engine to the speed of one raw MPI allreduce over the same bytes (README). As a
+rank; on a GPU the bucket is device memory, and a segment is submitted with the stream that
+computed its last gradient, so nothing waits on the host until the update reads the result.
+A segment is a run of parameters next to each other in the bucket, in the order backward
+reaches them, of about HVDTRAIN_SEGMENT_BYTES (DDP's bucket_cap_mb): it goes to the engine as
+one region, without copies. Submitting each gradient on its own costs the training thread and
+the engine some 20 us a tensor, which on a GPU is a large part of a step (README). As a
 consequence zero_grad() zeroes these gradients instead of setting them to None.
 
 Sparse gradients (nn.Embedding(sparse=True)) stay out of the buckets: they are reduced by
@@ -23,6 +25,8 @@ import mmap
 import os
 import warnings
 from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 import torch
@@ -37,7 +41,6 @@ from .compression import Compression
 from .mpi_ops import synchronize
 
 _optimizer_ids = itertools.count()
-_SPARSE = object()  # the context of a gradient reduced as a sparse tensor
 
 
 class _GradientBuckets:
@@ -47,6 +50,7 @@ class _GradientBuckets:
         self.view = {}
         self.spec = {}  # param -> (bucket name, flat NumPy array) for the engine
         self.arrays = {}  # param -> NumPy view of its gradient's place in the bucket
+        self.place = {}  # param -> (flat tensor, element offset, elements)
         self.flats = []
         by_kind = {}
         for p in params:
@@ -68,13 +72,14 @@ class _GradientBuckets:
                 self.view[p] = region.as_strided(p.shape, p.stride()) if _dense(p) else region.view_as(p)
                 self.arrays[p] = mpi_ops._array(region)
                 self.spec[p] = spec
+                self.place[p] = (flat, offset, p.numel())
                 offset += p.numel()
             self.flats.append(flat)
 
     def evict(self, p):
         """Take p out of its bucket for good, as its gradients arrive sparse (its place in the
         flat tensor stays unused: moving the others would cost more than it saves)."""
-        for placement in (self.view, self.spec, self.arrays):
+        for placement in (self.view, self.spec, self.arrays, self.place):
             placement.pop(p, None)
 
     def adopt(self, p):
@@ -128,6 +133,27 @@ def _huge_page_zeros(numel, dtype):
     return whole[start:start + nbytes].view(dtype)
 
 
+@dataclass(eq=False)
+class _Segment:
+    """Parameters whose gradients go to the engine together, once the last of them is in."""
+    members: list
+    waiting: int = 0  # gradients of this step still to come
+    submitted: bool = False
+    runs: Optional[list] = None  # how it is submitted (_DistributedOptimizer._runs), made once
+
+
+@dataclass(eq=False)
+class _Run:
+    """One submission: a region of a bucket (`region`, a flat view, and `array`, the engine's
+    view of it, kept so that the engine recognizes it from step to step), or one parameter
+    outside the buckets (`region` None)."""
+    name: str
+    params: list
+    region: Optional[torch.Tensor] = None
+    array: object = None
+    bucket: Optional[tuple] = None
+
+
 class _DistributedOptimizer:
     """Mixed in front of the wrapped optimizer's class (see DistributedOptimizer)."""
 
@@ -144,95 +170,143 @@ class _DistributedOptimizer:
         self._names = _parameter_names(named_parameters, all_params)
         self._requires_update = [p for p in all_params if p.requires_grad]
         self._delay = {p: backward_passes_per_step for p in self._requires_update}
-        self._handles = {}
-        self._groups = _parameter_groups(groups, self._requires_update)
-        self._ready_in_group = [set() for _ in range(len(set(self._groups.values())))]
+        groups = _parameter_groups(groups, self._requires_update)
+        self._in_flight = []  # (handle, what to do with its result) of this step's submissions
+        self._counting = False  # whether a gradient of this step has arrived
         self._synchronized = False
         self._should_synchronize = True
         self._sparse_dims = {}  # parameter -> sparse_dim of its gradients, once one arrived sparse
         self._buckets = None
+        self._segments = []
         # As in Horovod, on a rank outside the process set the optimizer reduces nothing: its
         # step() applies this rank's own gradients; nor in a job of one rank, unless
         # HVDTRAIN_REDUCE_ALONE=1 asks it to (to measure the engine's cost on one GPU).
         if _takes_part(process_set) and (core.running_engine(process_set).size > 1
                                          or os.environ.get("HVDTRAIN_REDUCE_ALONE") == "1"):
             self._buckets = _GradientBuckets(self._requires_update, f"DistributedOptimizer.{next(_optimizer_ids)}")
+            segment_bytes = core.running_engine(process_set).settings.segment_bytes
+            self._segments = [_Segment(members, len(members)) for members in
+                              _segment_members(self._requires_update, self._buckets, groups, segment_bytes)]
+            self._segment_of = {p: segment for segment in self._segments for p in segment.members}
             for p in self._requires_update:
                 p.register_post_accumulate_grad_hook(self._on_gradient_ready)
 
     def _on_gradient_ready(self, p):
-        handle, _ = self._handles.get(p, (None, None))
-        if handle is not None and self._delay[p] <= 0:
+        if self._delay[p] <= 0:
             raise AssertionError(
                 "Gradients were computed more than backward_passes_per_step times before call to step(). "
                 "Increase backward_passes_per_step to accumulate gradients locally."
             )
+        self._counting = True
         self._delay[p] -= 1
-        self._handles[p] = (None, None)
-        if self._delay[p] > 0:
-            return
-        group = self._groups.get(p)
-        if group is None:
-            self._handles[p] = self._allreduce_gradient_async(p)
-            return
-        ready = self._ready_in_group[group]
-        ready.add(p)
-        members = [q for q, g in self._groups.items() if g == group]
-        if len(ready) == len(members):
-            for q in members:
-                self._handles[q] = self._allreduce_gradient_async(q)
-            ready.clear()
+        if self._delay[p] == 0:
+            segment = self._segment_of[p]
+            segment.waiting -= 1
+            if segment.waiting == 0:
+                self._submit(segment)
 
-    def _allreduce_gradient_async(self, p):
-        name = f"DistributedOptimizer.{self._names[p]}"
+    def _submit(self, segment):
+        segment.submitted = True
+        for p in segment.members:
+            self._take_gradient(p)
+        if segment.runs is None:
+            segment.runs = self._runs(segment.members)
+        for run in segment.runs:
+            self._in_flight.append(self._submit_run(run))
+
+    def _take_gradient(self, p):
+        """Make p.grad what is reduced: its bucket view; or zeros where backward left none
+        (a parameter unused on this rank, which the others may have used); a sparse gradient
+        takes its parameter out of the buckets for good."""
         if p.grad is not None and p.grad.is_sparse and p not in self._sparse_dims:
             self._sparse_dims[p] = p.grad.sparse_dim()
             self._buckets.evict(p)
+            self._segment_of[p].runs = None
         if p in self._sparse_dims:
             if p.grad is None:
                 # Unused on this rank: the others still gather indices and values from it.
                 p.grad = _empty_sparse_gradient(p, self._sparse_dims[p])
-            if not self._sparse_as_dense:
-                return mpi_ops.sparse_allreduce_async(p.grad, name, self._op, self._process_set), _SPARSE
-            tensor = p.grad.to_dense()
-        else:
-            if p in self._buckets.view:
-                self._buckets.adopt(p)
-            elif p.grad is None:
-                p.grad = torch.zeros_like(p)
-            tensor = p.grad
+        elif p in self._buckets.view:
+            self._buckets.adopt(p)
+        elif p.grad is None:
+            p.grad = torch.zeros_like(p)
+
+    def _runs(self, members):
+        """The submissions of a segment: each run of its parameters that lie next to each other
+        in a bucket as one region, and each parameter outside the buckets on its own."""
+        place = self._buckets.place
+        placed = sorted((p for p in members if p in place), key=lambda p: (place[p][0].data_ptr(), place[p][1]))
+        runs, current = [], []
+        for p in placed:
+            if current:
+                flat, offset, numel = place[current[-1]]
+                if place[p][0] is not flat or place[p][1] != offset + numel:
+                    runs.append(self._region_run(current))
+                    current = []
+            current.append(p)
+        if current:
+            runs.append(self._region_run(current))
+        runs.extend(_Run(f"DistributedOptimizer.{self._names[p]}", [p]) for p in members if p not in place)
+        return runs
+
+    def _region_run(self, params):
+        flat, start, _ = self._buckets.place[params[0]]
+        _, last, numel = self._buckets.place[params[-1]]
+        region = flat[start:last + numel]
+        names = [self._names[p] for p in (params if len(params) == 1 else (params[0], params[-1]))]
+        return _Run("DistributedOptimizer." + "..".join(names), params, region, mpi_ops._array(region),
+                    self._buckets.spec[params[0]])
+
+    def _submit_run(self, run):
+        """Start the allreduce of `run`; returns its handle and what makes the gradients of its
+        result (None: the result is in place already)."""
         prescale, postscale = 1.0, 1.0
         if self._op == Average:
             # The core divides by size() for Average; predividing trades range for precision.
             prescale, postscale = 1.0 / self._predivide, self._predivide
-        compressed, context = self._compression.compress(tensor)
-        if compressed is p.grad and p in self._buckets.spec:
-            handle = mpi_ops._allreduce_async(p.grad, p.grad, name, self._op, prescale, postscale, self._process_set,
-                                              bucket=self._buckets.spec[p], array=self._buckets.arrays[p])
-        else:
-            handle = mpi_ops.allreduce_async_(compressed, name=name, op=self._op, prescale_factor=prescale,
-                                              postscale_factor=postscale, process_set=self._process_set)
-        return handle, context
+        options = dict(name=run.name, op=self._op, prescale_factor=prescale, postscale_factor=postscale,
+                       process_set=self._process_set)
+        if run.region is not None:
+            region = run.region
+            compressed, context = self._compression.compress(region)
+            if compressed is region:
+                return mpi_ops._allreduce_async(region, region, run.name, self._op, prescale, postscale,
+                                                self._process_set, bucket=run.bucket, array=run.array), None
+            return (mpi_ops.allreduce_async_(compressed, **options),
+                    lambda output: region.copy_(self._compression.decompress(output, context)))
+        p = run.params[0]
+        if p.grad.is_sparse and not self._sparse_as_dense:
+            return (mpi_ops.sparse_allreduce_async(p.grad, run.name, self._op, self._process_set),
+                    lambda output: setattr(p, "grad", output))
+        dense = p.grad.to_dense() if p.grad.is_sparse else p.grad
+        compressed, context = self._compression.compress(dense)
+
+        def finish(output):
+            if p.grad.is_sparse:  # sparse_as_dense: the wrapped optimizer expects it sparse again
+                p.grad = self._compression.decompress(output, context).to_sparse()
+            elif output is not p.grad:
+                p.grad.copy_(self._compression.decompress(output, context))
+
+        return mpi_ops.allreduce_async_(compressed, **options), finish
 
     def synchronize(self):
         """Wait for every gradient's allreduce (starting those whose hooks did not fire, e.g.
         parameters unused on this rank but maybe used on another)."""
         if self._buckets is None:
             return
-        for p in self._requires_update:
-            handle, _ = self._handles.get(p, (None, None))
-            if handle is None:
-                self._handles[p] = self._allreduce_gradient_async(p)
-        for p, (handle, context) in self._handles.items():
+        for segment in self._segments:
+            if not segment.submitted:
+                self._submit(segment)
+        for handle, finish in self._in_flight:
             output = synchronize(handle)
+            if finish is not None:
+                finish(output)
+        self._in_flight.clear()
+        for p in self._delay:
             self._delay[p] = self._backward_passes_per_step
-            if context is _SPARSE:
-                p.grad = output
-            elif p.grad.is_sparse:  # sparse_as_dense: the wrapped optimizer expects it sparse again
-                p.grad = self._compression.decompress(output, context).to_sparse()
-            elif output is not p.grad:
-                p.grad.copy_(self._compression.decompress(output, context))
-        self._handles.clear()
+        for segment in self._segments:
+            segment.waiting, segment.submitted = len(segment.members), False
+        self._counting = False
         self._synchronized = True
 
     @contextmanager
@@ -258,7 +332,7 @@ class _DistributedOptimizer:
         return super().step(closure)
 
     def zero_grad(self, set_to_none=True):
-        if self._handles:
+        if self._counting or self._in_flight:
             raise AssertionError(
                 "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
                 "optimizer.synchronize(). This is prohibited as it can cause a race condition."
@@ -272,6 +346,31 @@ class _DistributedOptimizer:
                     p.grad = None
                 else:
                     p.grad.zero_()
+
+
+def _segment_members(params, buckets, groups, segment_bytes):
+    """The parameters of each segment. With `groups` (parameter -> group index), the groups,
+    and every other parameter on its own, as Horovod reduces them. Otherwise runs of about
+    `segment_bytes` in the order backward usually produces gradients, the reverse of the
+    parameters' (0: each on its own); a run keeps to one bucket."""
+    if groups:
+        by_group = collections.defaultdict(list)
+        for p in params:
+            if p in groups:
+                by_group[groups[p]].append(p)
+        return list(by_group.values()) + [[p] for p in params if p not in groups]
+    segments, current, current_bytes = [], [], 0
+    for p in reversed(params):
+        bucket = buckets.spec.get(p, (None,))[0]
+        if current and (bucket is None or bucket != buckets.spec.get(current[-1], (None,))[0]
+                        or current_bytes >= segment_bytes):
+            segments.append(current)
+            current, current_bytes = [], 0
+        current.append(p)
+        current_bytes += p.numel() * p.element_size()
+    if current:
+        segments.append(current)
+    return segments
 
 
 def _parameter_names(named_parameters, all_params):

@@ -93,6 +93,62 @@ def test_matches_single_process_large_batch(mpirun, num_proc):
     mpirun(num_proc, ranks_equivalence, timeout=180)
 
 
+@pytest.mark.parametrize("segment_bytes", ["0", "20000"])
+def test_matches_large_batch_whatever_the_segments(mpirun, segment_bytes):
+    """Each gradient on its own (Horovod's way), and segments that split the model unevenly;
+    the default puts this model in one."""
+    mpirun(3, ranks_equivalence, timeout=180, env={"HVDTRAIN_SEGMENT_BYTES": segment_bytes})
+
+
+def ranks_grouped_and_compressed():
+    """groups and Compression.fp16 change how gradients travel, not the average they give."""
+    import hvdtrain.torch as hvd
+
+    hvd.init()
+    n, r = hvd.size(), hvd.rank()
+    reference = _model()
+    for k in range(n):
+        reference(torch.full((4, 7), float(k + 1), dtype=torch.float64)).sum().backward()
+    expected = [p.grad / n for p in reference.parameters()]
+    for options, tolerance in [({"groups": 2}, 1e-12), ({"groups": "first and last"}, 1e-12),
+                               ({"compression": hvd.Compression.fp16}, 2e-3)]:
+        model = _model()
+        params = list(model.parameters())
+        if options.get("groups") == "first and last":
+            options = {"groups": [[params[0], params[-1]]]}
+        optimizer = hvd.DistributedOptimizer(torch.optim.SGD(params, lr=0.1),
+                                             named_parameters=model.named_parameters(), **options)
+        model(torch.full((4, 7), float(r + 1), dtype=torch.float64)).sum().backward()
+        optimizer.synchronize()
+        for p, want in zip(params, expected):
+            error = ((p.grad - want).abs().max() / want.abs().max()).item()
+            assert error < tolerance, f"{options}: averaged gradient off by {error} (relative)"
+
+
+def test_groups_and_compression_average_alike(mpirun):
+    mpirun(3, ranks_grouped_and_compressed, timeout=180)
+
+
+def test_segments_follow_backward_order_and_size():
+    """Runs of about segment_bytes from the last parameter back, within one bucket; groups as
+    given, other parameters alone; 0 puts each parameter on its own."""
+    from hvdtrain.torch.optimizer import _GradientBuckets, _segment_members
+
+    sizes = [10, 300, 20, 500, 40, 60]  # float32 elements
+    params = [torch.nn.Parameter(torch.zeros(k)) for k in sizes]
+    params.insert(3, torch.nn.Parameter(torch.zeros(7, dtype=torch.float64)))  # another bucket
+    buckets = _GradientBuckets(params, "test")
+    index = {p: i for i, p in enumerate(params)}
+
+    def segments(groups=None, segment_bytes=0):
+        return [[index[p] for p in members] for members in _segment_members(params, buckets, groups, segment_bytes)]
+
+    assert segments(segment_bytes=1000) == [[6, 5, 4], [3], [2, 1], [0]]
+    assert segments(segment_bytes=0) == [[6], [5], [4], [3], [2], [1], [0]]
+    assert segments(segment_bytes=1 << 20) == [[6, 5, 4], [3], [2, 1, 0]]
+    assert segments(groups={params[0]: 0, params[5]: 0, params[2]: 1}) == [[0, 5], [2], [1], [3], [4], [6]]
+
+
 def ranks_optimizer_behaviour():
     import hvdtrain.torch as hvd
 
@@ -281,6 +337,42 @@ def alone_channels_last():
         assert p.grad.stride() == p.stride(), (p.shape, p.grad.stride(), p.stride())
         assert torch.allclose(p, q, atol=1e-12)
     print("channels_last ok")
+
+
+def alone_submissions_per_step():
+    """A step submits one allreduce per segment's run, not one per gradient."""
+    import hvdtrain.torch as hvd
+    from hvdtrain.torch import mpi_ops
+
+    hvd.init()
+    model = _model()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters())
+    names = []
+    submit = mpi_ops._allreduce_async
+
+    def counting(tensor, output, name, *args, **kwargs):
+        names.append(name)
+        return submit(tensor, output, name, *args, **kwargs)
+
+    mpi_ops._allreduce_async = counting
+    for _ in range(2):
+        optimizer.zero_grad()
+        model(torch.ones(2, 7, dtype=torch.float64)).sum().backward()
+        optimizer.step()
+    print("submitted", names)
+
+
+@pytest.mark.parametrize("segment_bytes, expected", [
+    (None, ["DistributedOptimizer.0.weight..4.bias"] * 2),
+    ("0", [f"DistributedOptimizer.{i}.{kind}" for i in (4, 2, 0) for kind in ("bias", "weight")] * 2),
+])
+def test_a_step_submits_one_allreduce_per_run(alone, segment_bytes, expected):
+    env = {"HVDTRAIN_REDUCE_ALONE": "1"}
+    if segment_bytes is not None:
+        env["HVDTRAIN_SEGMENT_BYTES"] = segment_bytes
+    result = alone(alone_submissions_per_step, env=env)
+    assert f"submitted {expected}" in result.stdout, result.stdout
 
 
 def test_channels_last_gradients_keep_their_layout_in_the_bucket(alone):
