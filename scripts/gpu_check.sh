@@ -2,7 +2,9 @@
 # The GPU check of issue 17, on a machine with one GPU, in under 10 minutes: the GPU tests, the
 # engine against one raw NCCL allreduce (ResNet-101's gradient bucket), and training throughput
 # of hvdtrain at world size 1 through NCCL against a plain PyTorch loop (ResNet-50, AMP, batch
-# 64), in alternating rounds. Prints a summary; the details are under $OUT (default gpu_check/).
+# 64), in alternating rounds, with hvdtrain's gradients in segments (the default) and one by one
+# (HVDTRAIN_SEGMENT_BYTES=0, as before segments). Prints a summary; the details are under $OUT
+# (default gpu_check/).
 #
 #     bash scripts/gpu_check.sh            # sets up .venv first, as `make test` does
 set -uo pipefail
@@ -31,15 +33,19 @@ bench() {
     $PY scripts/synthetic_benchmark.py --model resnet50 --amp --batch-size 64 --num-iters 5 "$@" 2>&1 \
         | tee -a "$OUT/training.txt" | sed -n 's/^Total img\/sec on 1 GPU(s): \([0-9.]*\).*/\1/p'
 }
+ratio() { $PY -c "print(round($1 / $2, 3))" 2>/dev/null || echo nan; }
+median() { $PY -c "import statistics, sys; print(statistics.median(map(float, sys.argv[1:])))" "$@" 2>/dev/null || echo nan; }
 ratios=()
+per_gradient_ratios=()
 for round in $(seq "$ROUNDS"); do
     plain=$(bench --plain)
     engine=$(HVDTRAIN_REDUCE_ALONE=1 bench)
-    echo "round $round: plain $plain img/s, hvdtrain $engine img/s" | tee -a "$OUT/training.txt"
-    ratios+=("$($PY -c "print(round($engine / $plain, 3))" 2>/dev/null || echo nan)")
+    per_gradient=$(HVDTRAIN_REDUCE_ALONE=1 HVDTRAIN_SEGMENT_BYTES=0 bench)
+    echo "round $round: plain $plain img/s, hvdtrain $engine img/s, hvdtrain per gradient $per_gradient img/s" \
+        | tee -a "$OUT/training.txt"
+    ratios+=("$(ratio "$engine" "$plain")")
+    per_gradient_ratios+=("$(ratio "$per_gradient" "$plain")")
 done
-training_ratio=$($PY -c "import statistics, sys; print(statistics.median(map(float, sys.argv[1:])))" "${ratios[@]}" \
-    2>/dev/null || echo nan)
 
 echo
 echo "== GPU check summary =="
@@ -50,6 +56,8 @@ if [ $allreduce_rc -eq 0 ]; then
 else
     echo "bench_allreduce --device cuda failed (exit $allreduce_rc): $(tail -3 "$OUT/allreduce.txt")"
 fi
-echo "training, ResNet-50 AMP batch 64, hvdtrain (NCCL, world size 1) / plain PyTorch: median $training_ratio" \
+echo "training, ResNet-50 AMP batch 64, hvdtrain (NCCL, world size 1) / plain PyTorch: median $(median "${ratios[@]}")" \
      "(rounds: ${ratios[*]}; goal >= 0.98)"
+echo "  the same, gradients submitted one by one (HVDTRAIN_SEGMENT_BYTES=0): median $(median "${per_gradient_ratios[@]}")" \
+     "(rounds: ${per_gradient_ratios[*]})"
 [ $tests_rc -eq 0 ] && [ $allreduce_rc -eq 0 ]

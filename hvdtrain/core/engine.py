@@ -72,7 +72,8 @@ class Engine:
             self.start_timeline(settings.timeline_path, settings.timeline_mark_cycles)
 
         # Submitting threads check and describe their collectives themselves (submission.py).
-        self._submissions = submissions = Submissions(self.size, self.members, settings, is_world=members is None)
+        self._submissions = submissions = Submissions(self.size, self.members, settings, is_world=members is None,
+                                                      hurry=self.hurry)
         self.auto_name, self._prepare = submissions.auto_name, submissions.prepare
         self._lock = threading.Lock()
         self._submitted = collections.deque()
@@ -86,6 +87,7 @@ class Engine:
 
         self._wake = threading.Event()  # set by submissions: ends an idle engine's wait early
         self._woken_at = 0.0
+        self._hurried = threading.Event()  # set by a caller blocked on a handle: ends the wait for more
         self._thread = threading.Thread(target=self._run, name="hvdtrain-engine", daemon=True)
         self._thread.start()
 
@@ -184,6 +186,13 @@ class Engine:
             self._woken_at = time.perf_counter()
             self._wake.set()
 
+    def hurry(self):
+        """A caller blocks on a result: it will submit nothing more until it has it, so the
+        engine starts its next cycle now instead of waiting a cycle time for more tensors to
+        fuse (at the end of backward that wait is on the step's critical path)."""
+        if not self._hurried.is_set():
+            self._hurried.set()
+
     # ---------------------------------------------------------------- lifecycle
 
     def shutdown(self):
@@ -230,6 +239,7 @@ class Engine:
         try:
             while True:
                 started = time.perf_counter()
+                self._hurried.clear()
                 busy = self._cycle()
                 if busy is None:
                     return
@@ -237,7 +247,7 @@ class Engine:
                     wait = cycle_time
                     remaining = cycle_time - (time.perf_counter() - started)
                     if remaining > 0:
-                        time.sleep(remaining)
+                        self._hurried.wait(remaining)
                 else:
                     wait = min(2 * wait, max(IDLE_WAIT_S, cycle_time))
                     if self._wake.wait(wait):
@@ -246,7 +256,7 @@ class Engine:
                         # the submitting thread is done.
                         remaining = self._woken_at + cycle_time - time.perf_counter()
                         if remaining > 0:
-                            time.sleep(remaining)
+                            self._hurried.wait(remaining)
                 self._wake.clear()
         except _DeviceFailure:  # the engine has stopped with the device's error; peers see theirs
             return

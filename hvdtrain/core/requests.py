@@ -102,12 +102,13 @@ class Handle:
     `done` is then the CUDA event that marks its completion, which wait() makes the caller's
     stream wait for."""
 
-    __slots__ = ("name", "_done", "_result", "_error", "_waiter", "done")
+    __slots__ = ("name", "_done", "_result", "_error", "_waiter", "done", "_hurry")
 
-    def __init__(self, name):
+    def __init__(self, name, hurry=None):
         # No lock yet: one is made only when a caller blocks. Training submits hundreds of
         # handles a step and finds most of them finished by the time it waits.
         self.name = name
+        self._hurry = hurry  # called when a caller blocks on this handle (Engine.hurry)
         self._done = False
         self._result = None
         self._error = None
@@ -122,6 +123,8 @@ class Handle:
         `stream` wait for it: a cudaStream_t as an int, or a function of the device id that
         gives one (default: CuPy's current stream)."""
         if not self._done:
+            if self._hurry is not None:
+                self._hurry()
             with _WAITER_CREATION:
                 waiter = self._waiter
                 if waiter is None:

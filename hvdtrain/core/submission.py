@@ -25,8 +25,9 @@ class Submissions:
     """Turns one rank's submissions into entries for the engine of a set of ranks: `size` ranks,
     the job's ranks `members`, `is_world` when they are the whole job."""
 
-    def __init__(self, size, members, settings, is_world):
+    def __init__(self, size, members, settings, is_world, hurry=None):
         self.size = size
+        self._hurry = hurry
         self.members = members
         self._gpu_operations = settings.gpu_operations
         self._is_world = is_world
@@ -54,7 +55,7 @@ class Submissions:
             self._remember(request, array, output, splits, bucket)
         if output is None and (kind is ALLREDUCE or kind is BROADCAST):
             output = array
-        entry = Entry(request, Handle(name), array, output, None if splits is None else np.asarray(splits, np.int64),
+        entry = Entry(request, Handle(name, self._hurry), array, output, None if splits is None else np.asarray(splits, np.int64),
                       None if bucket is None else bucket[1])
         if request.device == "cuda":
             # Recorded now, on the stream that wrote the buffer: the engine's stream waits for it.

@@ -155,6 +155,32 @@ def test_collectives_alone(alone):
     alone(ranks_collectives)
 
 
+def alone_blocked_caller_is_not_kept_waiting():
+    """HOROVOD_CYCLE_TIME=500: the engine waits half a second for more tensors to fuse, unless a
+    caller blocks on a result, which ends that wait. Both ranks' waits are timed: a collective
+    submitted and left alone is not hurried."""
+    import numpy as np
+
+    core.init()
+    core.allreduce_async(np.ones(4), name="warm-up").wait()
+    started = time.perf_counter()
+    result = core.allreduce_async(np.ones(4), name="waited for").wait()
+    waited = time.perf_counter() - started
+    assert np.array_equal(result, np.ones(4))
+    started = time.perf_counter()
+    handle = core.allreduce_async(np.ones(4), name="left alone")
+    while not handle.poll():
+        time.sleep(0.005)
+    left_alone = time.perf_counter() - started
+    core.shutdown()
+    print(f"waited {waited:.3f} left alone {left_alone:.3f}")
+    assert waited < 0.2 <= 0.4 < left_alone, (waited, left_alone)
+
+
+def test_a_blocked_caller_ends_the_engines_wait_for_more_tensors(alone):
+    alone(alone_blocked_caller_is_not_kept_waiting, env={"HOROVOD_CYCLE_TIME": "500"})
+
+
 def test_a_handle_wakes_every_thread_waiting_on_it_and_gives_them_the_error():
     import threading
 
