@@ -16,9 +16,12 @@ a step returns once its work is queued, so the device is synchronised before eve
 --ddp runs the PyTorch loop with torch.nn.parallel.DistributedDataParallel (gloo backend), its
 ranks and rendezvous taken from mpirun's environment, for a side-by-side figure. --plain runs the
 loop without hvdtrain at all. --amp trains under fp16 autocast with a GradScaler, in Horovod's
-pattern (synchronize, unscale, step with skip_synchronize). In a job of one rank the
-DistributedOptimizer reduces nothing, as Horovod's; HVDTRAIN_REDUCE_ALONE=1 makes it reduce
-through the engine anyway (NCCL on one GPU), which is how its cost on a GPU is measured.
+pattern (synchronize, unscale, step with skip_synchronize). --profile DIR runs a few more steps
+under torch.profiler after the timed ones and writes, per rank, a Chrome trace (Perfetto opens it)
+and a table of the operators' host time, and prints how much of that time the GPU was busy: the
+host-side gaps that keep a GPU waiting are what hvdtrain's per-step work could cause. In a job
+of one rank the DistributedOptimizer reduces nothing, as Horovod's; HVDTRAIN_REDUCE_ALONE=1 makes
+it reduce through the engine anyway (NCCL on one GPU), which is how its cost on a GPU is measured.
 """
 
 import argparse
@@ -51,9 +54,12 @@ def parse_args():
     parser.add_argument("--plain", action="store_true", default=False, help="a plain PyTorch loop, no hvdtrain")
     parser.add_argument("--amp", action="store_true", default=False,
                         help="fp16 autocast with a GradScaler (PyTorch on a GPU)")
+    parser.add_argument("--profile", metavar="DIR", help="after the benchmark, profile a few steps into DIR")
+    parser.add_argument("--profile-steps", type=int, default=5, help="steps under the profiler")
     args = parser.parse_args()
-    if (args.ddp or args.plain or args.amp) and args.framework != "torch":
-        parser.error("--ddp, --plain and --amp are options of the PyTorch loop: they go with --framework torch")
+    if (args.ddp or args.plain or args.amp or args.profile) and args.framework != "torch":
+        parser.error("--ddp, --plain, --amp and --profile are options of the PyTorch loop: they go with "
+                     "--framework torch")
     args.image_size = 299 if args.model == "inception_v3" else 224
     return args
 
@@ -82,6 +88,57 @@ def timed_steps(job, count):
 
 def _nothing_to_wait_for():
     pass
+
+
+# Chrome-trace categories of work on the device (torch.profiler's kineto export).
+DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def device_busy_fraction(events):
+    """The share of a trace's span (its first event's start to its last event's end) in which
+    the device ran something, counting overlapping device work once; None without device work."""
+    spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("ph") == "X" and "dur" in e
+                   and e.get("cat") in DEVICE_CATEGORIES)
+    if not spans:
+        return None
+    timed = [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("ph") == "X" and "dur" in e]
+    window = max(end for _, end in timed) - min(start for start, _ in timed)
+    busy, covered_to = 0.0, float("-inf")
+    for start, end in spans:
+        if end > covered_to:
+            busy += end - max(start, covered_to)
+            covered_to = end
+    return busy / window if window > 0 else None
+
+
+def profile_steps(job, args):
+    """Run --profile-steps steps under torch.profiler; write this rank's trace (gzipped) and its
+    operator table into --profile; returns the device's busy share of the steps, or None."""
+    import gzip
+    import json
+    import shutil
+
+    import torch
+
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if job.device == "GPU":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    os.makedirs(args.profile, exist_ok=True)
+    job.synchronize()
+    with torch.profiler.profile(activities=activities) as profiler:
+        for _ in range(args.profile_steps):
+            job.step()
+        job.synchronize()
+    trace = os.path.join(args.profile, f"trace.{job.rank}.json")
+    profiler.export_chrome_trace(trace)
+    with open(os.path.join(args.profile, f"operators.{job.rank}.txt"), "w") as table:
+        table.write(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=40))
+    with open(trace) as f:
+        busy = device_busy_fraction(json.load(f)["traceEvents"])
+    with open(trace, "rb") as source, gzip.open(trace + ".gz", "wb") as target:
+        shutil.copyfileobj(source, target)
+    os.remove(trace)
+    return busy
 
 
 def torch_job(args):
@@ -224,6 +281,10 @@ def main():
     mean, confidence = np.mean(img_secs), 1.96 * np.std(img_secs)
     log(f"Img/sec per {device}: {mean:.1f} +-{confidence:.1f}")
     log(f"Total img/sec on {job.size} {device}(s): {job.size * mean:.1f} +-{job.size * confidence:.1f}")
+    if args.profile:
+        busy = profile_steps(job, args)
+        log(f"Profile of {args.profile_steps} steps in {args.profile}" +
+            ("" if busy is None else f": the {device} was busy {busy:.1%} of the time"))
 
 
 if __name__ == "__main__":

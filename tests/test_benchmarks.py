@@ -121,6 +121,20 @@ def test_the_synthetic_benchmark_times_the_work_a_step_queued():
     assert 0.3 <= seconds < 0.9, seconds
 
 
+def test_the_profile_counts_overlapping_device_work_once_over_the_whole_trace():
+    """--profile's summary: device work covers [10, 40) and [50, 60) of a trace spanning
+    [0, 100) (host events included), so the device was busy 40 % of the time."""
+    synthetic = script_module("synthetic_benchmark")
+
+    def event(category, start, end):
+        return {"ph": "X", "cat": category, "ts": start, "dur": end - start}
+
+    events = [event("cpu_op", 0, 100), event("kernel", 10, 30), event("kernel", 20, 40), event("gpu_memcpy", 25, 35),
+              event("gpu_memset", 50, 60), {"ph": "i", "cat": "kernel", "ts": 70}, event("cuda_runtime", 90, 95)]
+    assert synthetic.device_busy_fraction(events) == 0.4
+    assert synthetic.device_busy_fraction([event("cpu_op", 0, 100)]) is None
+
+
 HOROVOD_STYLE_SCRIPT = """
 import torch
 import horovod.torch as hvd
