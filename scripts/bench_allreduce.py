@@ -96,17 +96,23 @@ def workload(arrays, flat_pattern):
     return Workload(arrays, bases)
 
 
-def gradient_bucket(model_name):
-    """[(name, NumPy view of the gradient)] and the flat bucket holding them, allocated as
-    hvdtrain.torch's DistributedOptimizer allocates it."""
+def gradient_bucket(model_name, device="cpu"):
+    """[(name, view of the gradient)] and the flat bucket holding them, allocated as
+    hvdtrain.torch's DistributedOptimizer allocates it on `device` (NumPy views on the CPU, CuPy
+    views on a GPU)."""
     import torchvision
 
+    from hvdtrain.torch import mpi_ops
     from hvdtrain.torch.optimizer import _GradientBuckets
 
-    named = list(getattr(torchvision.models, model_name)().named_parameters())
+    named = list(getattr(torchvision.models, model_name)().to(device).named_parameters())
     buckets = _GradientBuckets([p for _, p in named], "gradients")
     bucket = buckets.spec[named[0][1]][1]  # every parameter is float32: one bucket
-    return [(name, buckets.arrays[p]) for name, p in named], bucket
+    views = []
+    for name, p in named:
+        flat, offset, numel = buckets.place[p]
+        views.append((name, mpi_ops._array(flat[offset:offset + numel])))
+    return views, bucket
 
 
 def on_small_pages(in_bucket, bucket):
@@ -309,16 +315,12 @@ def main():
 def gpu_gradient_bucket(model_name):
     """As gradient_bucket, on this rank's GPU: CuPy views of the optimizer's device bucket."""
     import torch
-    import torchvision
 
     from hvdtrain import core
-    from hvdtrain.torch.optimizer import _GradientBuckets
 
     device = torch.device("cuda", core.local_rank() % torch.cuda.device_count())
     torch.cuda.set_device(device)
-    named = list(getattr(torchvision.models, model_name)().to(device).named_parameters())
-    buckets = _GradientBuckets([p for _, p in named], "gradients")
-    return [(name, buckets.arrays[p]) for name, p in named], buckets.spec[named[0][1]][1]
+    return gradient_bucket(model_name, device)
 
 
 def raw_nccl_time(bucket, flat_pattern, warmup, repeats):

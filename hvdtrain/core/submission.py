@@ -27,8 +27,8 @@ class Submissions:
 
     def __init__(self, size, members, settings, is_world, hurry=None):
         self.size = size
-        self._hurry = hurry
         self.members = members
+        self._hurry = hurry  # Engine.hurry, which each handle calls when a caller blocks on it
         self._gpu_operations = settings.gpu_operations
         self._is_world = is_world
         self._device = None  # the CUDA device of this rank's device buffers, once it submitted one
@@ -55,8 +55,8 @@ class Submissions:
             self._remember(request, array, output, splits, bucket)
         if output is None and (kind is ALLREDUCE or kind is BROADCAST):
             output = array
-        entry = Entry(request, Handle(name, self._hurry), array, output, None if splits is None else np.asarray(splits, np.int64),
-                      None if bucket is None else bucket[1])
+        entry = Entry(request, Handle(name, self._hurry), array, output,
+                      None if splits is None else np.asarray(splits, np.int64), None if bucket is None else bucket[1])
         if request.device == "cuda":
             # Recorded now, on the stream that wrote the buffer: the engine's stream waits for it.
             device = array.device.id

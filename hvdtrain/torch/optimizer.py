@@ -49,7 +49,6 @@ class _GradientBuckets:
     def __init__(self, params, prefix):
         self.view = {}
         self.spec = {}  # param -> (bucket name, flat NumPy array) for the engine
-        self.arrays = {}  # param -> NumPy view of its gradient's place in the bucket
         self.place = {}  # param -> (flat tensor, element offset, elements)
         self.flats = []
         by_kind = {}
@@ -70,7 +69,6 @@ class _GradientBuckets:
                 # The gradient takes its parameter's layout (channels_last, say), as autograd
                 # wants it (it would warn and copy otherwise); the engine reduces the region flat.
                 self.view[p] = region.as_strided(p.shape, p.stride()) if _dense(p) else region.view_as(p)
-                self.arrays[p] = mpi_ops._array(region)
                 self.spec[p] = spec
                 self.place[p] = (flat, offset, p.numel())
                 offset += p.numel()
@@ -79,7 +77,7 @@ class _GradientBuckets:
     def evict(self, p):
         """Take p out of its bucket for good, as its gradients arrive sparse (its place in the
         flat tensor stays unused: moving the others would cost more than it saves)."""
-        for placement in (self.view, self.spec, self.arrays, self.place):
+        for placement in (self.view, self.spec, self.place):
             placement.pop(p, None)
 
     def adopt(self, p):
@@ -137,8 +135,7 @@ def _huge_page_zeros(numel, dtype):
 class _Segment:
     """Parameters whose gradients go to the engine together, once the last of them is in."""
     members: list
-    waiting: int = 0  # gradients of this step still to come
-    submitted: bool = False
+    waiting: int = 0  # gradients of this step still to come; 0 once submitted
     runs: Optional[list] = None  # how it is submitted (_DistributedOptimizer._runs), made once
 
 
@@ -164,7 +161,10 @@ class _DistributedOptimizer:
         self._compression = compression
         self._backward_passes_per_step = backward_passes_per_step
         self._op = op
-        self._predivide = gradient_predivide_factor
+        self._prescale, self._postscale = 1.0, 1.0
+        if op == Average:
+            # The core divides by size() for Average; predividing trades range for precision.
+            self._prescale, self._postscale = 1.0 / gradient_predivide_factor, gradient_predivide_factor
         self._sparse_as_dense = sparse_as_dense
         all_params = [p for group in self.param_groups for p in group["params"]]
         self._names = _parameter_names(named_parameters, all_params)
@@ -206,7 +206,7 @@ class _DistributedOptimizer:
                 self._submit(segment)
 
     def _submit(self, segment):
-        segment.submitted = True
+        segment.waiting = 0
         for p in segment.members:
             self._take_gradient(p)
         if segment.runs is None:
@@ -260,19 +260,13 @@ class _DistributedOptimizer:
     def _submit_run(self, run):
         """Start the allreduce of `run`; returns its handle and what makes the gradients of its
         result (None: the result is in place already)."""
-        prescale, postscale = 1.0, 1.0
-        if self._op == Average:
-            # The core divides by size() for Average; predividing trades range for precision.
-            prescale, postscale = 1.0 / self._predivide, self._predivide
-        options = dict(name=run.name, op=self._op, prescale_factor=prescale, postscale_factor=postscale,
-                       process_set=self._process_set)
         if run.region is not None:
             region = run.region
             compressed, context = self._compression.compress(region)
             if compressed is region:
-                return mpi_ops._allreduce_async(region, region, run.name, self._op, prescale, postscale,
+                return mpi_ops._allreduce_async(region, region, run.name, self._op, self._prescale, self._postscale,
                                                 self._process_set, bucket=run.bucket, array=run.array), None
-            return (mpi_ops.allreduce_async_(compressed, **options),
+            return (self._allreduce_in_place(compressed, run.name),
                     lambda output: region.copy_(self._compression.decompress(output, context)))
         p = run.params[0]
         if p.grad.is_sparse and not self._sparse_as_dense:
@@ -287,7 +281,11 @@ class _DistributedOptimizer:
             elif output is not p.grad:
                 p.grad.copy_(self._compression.decompress(output, context))
 
-        return mpi_ops.allreduce_async_(compressed, **options), finish
+        return self._allreduce_in_place(compressed, run.name), finish
+
+    def _allreduce_in_place(self, tensor, name):
+        return mpi_ops.allreduce_async_(tensor, name=name, op=self._op, prescale_factor=self._prescale,
+                                        postscale_factor=self._postscale, process_set=self._process_set)
 
     def synchronize(self):
         """Wait for every gradient's allreduce (starting those whose hooks did not fire, e.g.
@@ -295,7 +293,7 @@ class _DistributedOptimizer:
         if self._buckets is None:
             return
         for segment in self._segments:
-            if not segment.submitted:
+            if segment.waiting:
                 self._submit(segment)
         for handle, finish in self._in_flight:
             output = synchronize(handle)
@@ -305,7 +303,7 @@ class _DistributedOptimizer:
         for p in self._delay:
             self._delay[p] = self._backward_passes_per_step
         for segment in self._segments:
-            segment.waiting, segment.submitted = len(segment.members), False
+            segment.waiting = len(segment.members)
         self._counting = False
         self._synchronized = True
 
@@ -359,14 +357,14 @@ def _segment_members(params, buckets, groups, segment_bytes):
             if p in groups:
                 by_group[groups[p]].append(p)
         return list(by_group.values()) + [[p] for p in params if p not in groups]
-    segments, current, current_bytes = [], [], 0
+    segments, current, current_bucket, current_bytes = [], [], None, 0
     for p in reversed(params):
-        bucket = buckets.spec.get(p, (None,))[0]
-        if current and (bucket is None or bucket != buckets.spec.get(current[-1], (None,))[0]
-                        or current_bytes >= segment_bytes):
+        bucket = buckets.spec.get(p, (None,))[0]  # None: outside the buckets, alone
+        if current and (bucket is None or bucket != current_bucket or current_bytes >= segment_bytes):
             segments.append(current)
             current, current_bytes = [], 0
         current.append(p)
+        current_bucket = bucket
         current_bytes += p.numel() * p.element_size()
     if current:
         segments.append(current)
