@@ -10,9 +10,11 @@ rank; on a GPU the bucket is device memory, and a segment is submitted with the 
 computed its last gradient, so nothing waits on the host until the update reads the result.
 A segment is a run of parameters next to each other in the bucket, in the order backward
 reaches them, of about HVDTRAIN_SEGMENT_BYTES (DDP's bucket_cap_mb): it goes to the engine as
-one region, without copies. Submitting each gradient on its own costs the training thread and
-the engine some 20 us a tensor, which on a GPU is a large part of a step (README). As a
-consequence zero_grad() zeroes these gradients instead of setting them to None.
+one region. Submitting each gradient on its own costs the training thread and the engine some
+20 us a tensor, which on a GPU is a large part of a step (README). Backward computes into
+autograd's own gradient tensors, as without hvdtrain (zero_grad() sets them to None); a
+segment's are copied into its region in one batched copy when it is submitted, and from then on
+p.grad is the parameter's view of the bucket.
 
 Sparse gradients (nn.Embedding(sparse=True)) stay out of the buckets: they are reduced by
 allgathering their indices and values, as Horovod does, or densified with sparse_as_dense=True;
@@ -80,19 +82,26 @@ class _GradientBuckets:
         for placement in (self.view, self.spec, self.place):
             placement.pop(p, None)
 
-    def adopt(self, p):
-        """Make p.grad its bucket view again (after autograd or the user replaced it)."""
-        view = self.view[p]
-        grad = p.grad
-        if grad is None:
-            view.zero_()
-        elif grad.data_ptr() != view.data_ptr():
-            view.copy_(grad)
-        else:
-            return
-        p.grad = view
+    def gather(self, params):
+        """Make each parameter's gradient its bucket view: autograd's own gradients are copied
+        there, all in one batched copy (DDP copies each into its bucket views); a parameter
+        without a gradient gets zeros there."""
+        views, grads = [], []
+        for p in params:
+            view, grad = self.view[p], p.grad
+            if grad is None:
+                view.zero_()
+            elif grad.data_ptr() != view.data_ptr():
+                views.append(view)
+                grads.append(grad)
+            else:  # accumulated into its view already (zero_grad(set_to_none=False))
+                continue
+            p.grad = view
+        if views:
+            torch._foreach_copy_(views, grads)
 
     def zero(self):
+        """zero_grad(set_to_none=False): zeros in the buckets, and the views as gradients."""
         for flat in self.flats:
             flat.zero_()
         # A parameter without a gradient yet keeps None: its first gradient may be sparse, and
@@ -207,29 +216,31 @@ class _DistributedOptimizer:
 
     def _submit(self, segment):
         segment.waiting = 0
-        for p in segment.members:
-            self._take_gradient(p)
+        self._take_gradients(segment.members)
         if segment.runs is None:
             segment.runs = self._runs(segment.members)
         for run in segment.runs:
             self._in_flight.append(self._submit_run(run))
 
-    def _take_gradient(self, p):
-        """Make p.grad what is reduced: its bucket view; or zeros where backward left none
-        (a parameter unused on this rank, which the others may have used); a sparse gradient
-        takes its parameter out of the buckets for good."""
-        if p.grad is not None and p.grad.is_sparse and p not in self._sparse_dims:
-            self._sparse_dims[p] = p.grad.sparse_dim()
-            self._buckets.evict(p)
-            self._segment_of[p].runs = None
-        if p in self._sparse_dims:
-            if p.grad is None:
-                # Unused on this rank: the others still gather indices and values from it.
-                p.grad = _empty_sparse_gradient(p, self._sparse_dims[p])
-        elif p in self._buckets.view:
-            self._buckets.adopt(p)
-        elif p.grad is None:
-            p.grad = torch.zeros_like(p)
+    def _take_gradients(self, params):
+        """Make the gradients of `params` what is reduced: bucket views (see gather); zeros where
+        backward left none (a parameter unused on this rank, which the others may have used);
+        a sparse gradient takes its parameter out of the buckets for good."""
+        in_buckets = []
+        for p in params:
+            if p.grad is not None and p.grad.is_sparse and p not in self._sparse_dims:
+                self._sparse_dims[p] = p.grad.sparse_dim()
+                self._buckets.evict(p)
+                self._segment_of[p].runs = None
+            if p in self._sparse_dims:
+                if p.grad is None:
+                    # Unused on this rank: the others still gather indices and values from it.
+                    p.grad = _empty_sparse_gradient(p, self._sparse_dims[p])
+            elif p in self._buckets.view:
+                in_buckets.append(p)
+            elif p.grad is None:
+                p.grad = torch.zeros_like(p)
+        self._buckets.gather(in_buckets)
 
     def _runs(self, members):
         """The submissions of a segment: each run of its parameters that lie next to each other
@@ -335,15 +346,12 @@ class _DistributedOptimizer:
                 "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
                 "optimizer.synchronize(). This is prohibited as it can cause a race condition."
             )
-        if self._buckets is None:
+        if self._buckets is None or set_to_none:
             return super().zero_grad(set_to_none)
         self._buckets.zero()
         for p in self._requires_update:
             if p.grad is not None and (p not in self._buckets.view or p.grad.is_sparse):
-                if set_to_none:
-                    p.grad = None
-                else:
-                    p.grad.zero_()
+                p.grad.zero_()
 
 
 def _segment_members(params, buckets, groups, segment_bytes):

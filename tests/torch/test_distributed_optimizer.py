@@ -31,10 +31,12 @@ def _batches(world_size, passes):
         yield torch.randn(rows, 7, generator=generator, dtype=torch.float64), torch.randint(0, 3, (rows,), generator=generator)
 
 
-def _train(model, optimizer, batches, select, passes):
+def _train(model, optimizer, batches, select, passes, set_to_none=True):
     loss_fn = torch.nn.CrossEntropyLoss()
     for inputs, targets in batches:
-        optimizer.zero_grad()
+        optimizer.zero_grad(set_to_none=set_to_none)
+        if set_to_none:  # as in plain PyTorch; otherwise zeros that backward accumulates into
+            assert all(p.grad is None for p in model.parameters())
         for p in range(passes):
             x, y = select(inputs, targets, p)
             # Each pass averages over its micro-batch; the 1/passes makes the accumulated
@@ -48,11 +50,11 @@ def ranks_equivalence():
     import hvdtrain.torch as hvd
 
     hvd.init()
-    for passes in (1, 2):
-        _check_equivalence(hvd, passes)
+    for passes, set_to_none in ((1, True), (2, True), (2, False)):
+        _check_equivalence(hvd, passes, set_to_none)
 
 
-def _check_equivalence(hvd, passes):
+def _check_equivalence(hvd, passes, set_to_none):
     n, r = hvd.size(), hvd.rank()
 
     reference = _model()
@@ -78,10 +80,11 @@ def _check_equivalence(hvd, passes):
         start = p * n * PER_RANK_BATCH + r * PER_RANK_BATCH
         return x[start:start + PER_RANK_BATCH], y[start:start + PER_RANK_BATCH]
 
-    got = _train(model, optimizer, _batches(n, passes), my_part, passes)
+    got = _train(model, optimizer, _batches(n, passes), my_part, passes, set_to_none)
     difference = (got - expected).abs().max().item()
     assert difference < 1e-12, (
-        f"rank {r}, backward_passes_per_step={passes}: weights differ from the large-batch run by {difference}")
+        f"rank {r}, backward_passes_per_step={passes}, set_to_none={set_to_none}: "
+        f"weights differ from the large-batch run by {difference}")
     # Every rank holds the same weights, bit for bit.
     gathered = hvd.allgather(got.unsqueeze(0))
     assert torch.equal(gathered, got.unsqueeze(0).expand_as(gathered)), "ranks disagree"
@@ -89,7 +92,7 @@ def _check_equivalence(hvd, passes):
 
 @pytest.mark.parametrize("num_proc", [2, 3, 4])
 def test_matches_single_process_large_batch(mpirun, num_proc):
-    """For backward_passes_per_step 1 and 2."""
+    """For backward_passes_per_step 1 and 2, and gradients zeroed rather than set to None."""
     mpirun(num_proc, ranks_equivalence, timeout=180)
 
 
