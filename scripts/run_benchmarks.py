@@ -48,7 +48,12 @@ def plain_loop(argv, ranks, timeout=1800):
 
 
 def total_images_per_second(output):
-    return float(re.search(r"Total img/sec on \d+ \w+\(s\): ([\d.]+)", output).group(1))
+    """Images a second over all ranks, as the 'Total img/sec' line computes it (the mean of the
+    iterations' figures times the ranks) but without its rounding to 0.1, which is 1.4 % of
+    ResNet-50's 7.4 img/s on 2 CPU ranks."""
+    ranks = int(re.search(r"^Total img/sec on (\d+) \w+\(s\): ", output, re.M).group(1))
+    iterations = [float(figure) for figure in re.findall(r"^Iter #\d+: ([\d.]+) img/sec per \w+$", output, re.M)]
+    return ranks * statistics.mean(iterations)
 
 
 def main():

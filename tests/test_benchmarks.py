@@ -171,3 +171,14 @@ def test_the_horovod_comparison_runs_horovod_scripts_on_hvdtrain_and_times_its_e
     reports = {path.name: [float(seconds) for seconds in path.read_text().split()] for path in shim.glob("engine-cpu.*")}
     assert sorted(reports) == ["engine-cpu.0", "engine-cpu.1"], reports
     assert all(0 < after_warmup <= at_end for after_warmup, at_end in reports.values()), reports
+
+
+def test_throughput_is_read_from_the_iterations_without_the_totals_rounding():
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        runs = script_module("run_benchmarks")
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    output = ("Model: resnet50\nIter #0: 3.7 img/sec per CPU\nIter #1: 3.6 img/sec per CPU\n"
+              "Iter #2: 3.6 img/sec per CPU\nImg/sec per CPU: 3.6 +-0.1\nTotal img/sec on 2 CPU(s): 7.3 +-0.1\n")
+    assert abs(runs.total_images_per_second(output) - 2 * (3.7 + 3.6 + 3.6) / 3) < 1e-12
