@@ -112,8 +112,12 @@ def ranks_sync_batch_norm():
     print(f"rank {r} sync batch norm ok")
 
 
-def test_distributed_optimizer_on_one_gpu_through_nccl(alone):
-    assert "rank 0 training ok" in alone(ranks_equivalence, timeout=300).stdout
+@pytest.mark.parametrize("segment_bytes", ["26214400", "2000"])
+def test_distributed_optimizer_on_one_gpu_through_nccl(alone, segment_bytes):
+    """The model in one segment (the default size), and in several, each copied into the bucket
+    on the stream that computed it."""
+    env = {"HVDTRAIN_REDUCE_ALONE": "1", "HVDTRAIN_SEGMENT_BYTES": segment_bytes}
+    assert "rank 0 training ok" in alone(ranks_equivalence, timeout=300, env=env).stdout
 
 
 @pytest.mark.parametrize("num_proc", [2, 3])
