@@ -297,9 +297,10 @@ def train_and_predict(cluster, rate_gbps, layout, network, extent, config, work)
                                 for key in ("compute_slowdown", "communication_slowdown")))
     measured_step_s = statistics.median(r["parallel"]["step_s"] for r in rounds)
     measured = hosts * slots * workload.samples_per_step / measured_step_s
-    predicted_step_s = scaling.step_s(workload, hosts, slots, network, overlap=overlap)
+    hierarchical = scaling.HIERARCHICAL["cpu"]
+    predicted_step_s = scaling.step_s(workload, hosts, slots, network, hierarchical=hierarchical, overlap=overlap)
     predicted = hosts * slots * workload.samples_per_step / predicted_step_s
-    independent = scaling.samples_per_s(workload, hosts, slots, network)
+    independent = scaling.samples_per_s(workload, hosts, slots, network, hierarchical=hierarchical)
     row = {"rate_gbps": rate_gbps, "hosts": hosts, "slots": slots, "threads_per_rank": result["threads_per_rank"],
            "samples_per_step": workload.samples_per_step, "gradient_bytes": sum(workload.gradient_bytes),
            "gradient_tensors": len(workload.gradient_bytes), "compute_s": workload.compute_s,

@@ -11,8 +11,9 @@ dry_run=true`, so that each point here is what a dry run of that layout prints. 
 each with its source in the recipe or the config's defaults: one P100's throughput
 (recipe.reference_throughput of the *_synthetic recipes), the models' parameter tensors
 (torchvision's), the link between hosts (25 Gbit/s, NCCL's 6.6 us a ring step), PCIe 3.0
-x16 within a server, backward 2/3 of a step, and hvdtrain's engine defaults (128 MiB fusion
-threshold, 1 ms cycle; HOROVOD_FUSION_THRESHOLD and HOROVOD_CYCLE_TIME are not passed on).
+x16 within a server, backward 2/3 of a step, and hvdtrain's defaults (128 MiB fusion threshold,
+1 ms cycle, 25 MiB gradient segments; HOROVOD_FUSION_THRESHOLD, HOROVOD_CYCLE_TIME and
+HVDTRAIN_SEGMENT_BYTES are not passed on).
 Nothing is fitted. Writes efficiency.csv and efficiency.png to --out and prints the errors at
 512 GPUs.
 """
@@ -45,7 +46,7 @@ PUBLISHED = {
     (512, "resnet101"): 0.90, (512, "inception_v3"): 0.90, (512, "vgg16"): 0.68,
     (128, "resnet101"): 0.90, (128, "inception_v3"): 0.90, (128, "vgg16"): 0.79,
 }
-ENGINE_VARIABLES = ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME")
+ENGINE_VARIABLES = ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME", "HVDTRAIN_SEGMENT_BYTES")
 
 
 def predicted(gpu_counts):

@@ -49,7 +49,7 @@ def predict(cfg, planned_device):
                 "prediction_missing": "unknown: " + "; ".join(missing)}
     links = _network(network, device_kind)
     workload = _workload(cfg, throughput)
-    engine = _engine()
+    engine = {**_engine(cfg.recipe.framework), "hierarchical": scaling.HIERARCHICAL[device_kind]}
     used = [f"{link.gbps:g} Gbit/s and {link.latency_us:g} us a step {where}; "
             for link, where, ranks in ((links.across, "between hosts", hosts), (links.within, "within a host", slots))
             if ranks > 1]
@@ -59,7 +59,9 @@ def predict(cfg, planned_device):
         "prediction_basis": (
             f"{throughput_basis}; backward {workload.backward_fraction:.2f} of a step's compute; "
             f"{''.join(used)}fusion threshold {engine['fusion_threshold_bytes'] / 2**20:g} MiB, "
-            f"cycle time {engine['cycle_time_s'] * 1e3:g} ms"),
+            f"cycle time {engine['cycle_time_s'] * 1e3:g} ms, "
+            f"gradient segments {engine['segment_bytes'] / 2**20:g} MiB"
+            f"{'; hierarchical across hosts, as Open MPI reduces CPU ranks' if engine['hierarchical'] else ''}"),
     }
 
 
@@ -121,13 +123,15 @@ def gradient_sizes(model):
     return tuple(p.numel() * p.element_size() for p in reversed(list(model.parameters())) if p.requires_grad)
 
 
-def _engine():
-    """The engine's fusion threshold and cycle time, as the workers will read them."""
+def _engine(framework):
+    """The engine's fusion threshold and cycle time and the optimizer's gradient segments, as the
+    workers will read them (TensorFlow's tape submits each gradient on its own)."""
     from hvdtrain.core.settings import from_environment
 
     try:
         settings = from_environment()
     except ValueError as error:
         raise ConfigError(str(error)) from None
-    return {"fusion_threshold_bytes": settings.fusion_threshold_bytes, "cycle_time_s": settings.cycle_time_s}
+    return {"fusion_threshold_bytes": settings.fusion_threshold_bytes, "cycle_time_s": settings.cycle_time_s,
+            "segment_bytes": settings.segment_bytes if framework == "torch" else 0}
 

@@ -6,7 +6,9 @@ the engine runs it:
 
 - Gradients become ready one after another during backward, in the order backward produces
   them (the model's last layer first). Without per-layer costs, each gradient tensor is taken
-  to cost an equal share of backward.
+  to cost an equal share of backward. hvdtrain.torch's optimizer submits them in segments
+  (HVDTRAIN_SEGMENT_BYTES; 0 for Horovod's way, each on its own): a segment is ready for the
+  engine when its last gradient is.
 - The engine works in cycles (HOROVOD_CYCLE_TIME): woken by a ready gradient, it collects for
   one cycle time, or until it has finished the previous cycle's reductions, whichever is later;
   then it fuses every ready gradient, in order, into buffers of at most
@@ -15,8 +17,9 @@ the engine runs it:
 - A buffer of B bytes over N ranks costs a ring allreduce: 2(N-1) steps, each moving B/N bytes
   over a link and paying its latency once, so 2(N-1)/N * B / bandwidth + 2(N-1) * latency.
   In a flat ring over hosts x slots every step waits for the slowest link the ring crosses
-  (each host is entered and left once, so a host's uplink carries what one rank sends); the
-  hierarchical variant (Horovod's HOROVOD_HIERARCHICAL_ALLREDUCE) reduce-scatters within each
+  (each host is entered and left once, so a host's uplink carries what one rank sends), as NCCL
+  reduces GPUs; the hierarchical variant (Horovod's HOROVOD_HIERARCHICAL_ALLREDUCE; in bytes on
+  each link, Open MPI's han, which reduces CPU ranks: HIERARCHICAL) reduce-scatters within each
   host, has each rank allreduce its 1/slots of the data across hosts, all of a host's ranks at
   once through its one link, and allgathers within the host; a reduce-scatter followed by an
   allgather costs exactly one ring allreduce.
@@ -31,6 +34,7 @@ Framework-free (plain numbers); the plan (plan.py) feeds it a model's gradient s
 measured or published single-device throughput and the cluster's links.
 """
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Iterable, Tuple
@@ -72,6 +76,12 @@ NETWORK_STEP_LATENCY_US = 6.6
 PCIE3_X16 = Link(gbps=126.0, latency_us=5.7)
 SHARED_MEMORY = Link(gbps=51.0, latency_us=1.0)
 WITHIN_HOST = {"cuda": PCIE3_X16, "cpu": SHARED_MEMORY}
+# Whether the ranks of several hosts of several ranks each reduce hierarchically, by the device
+# they train on. CPU ranks: Open MPI's han component reduces within each host, allreduces among
+# one rank per host and broadcasts within, so each host's link carries the buffer once each way
+# (the calibration's 2 x 2 layouts: within 10 % modelled so, 10-31 % off as one flat ring; README).
+# GPUs: NCCL's rings, which cross each host's link once per ring.
+HIERARCHICAL = {"cuda": False, "cpu": True}
 
 
 @dataclass(frozen=True)
@@ -117,21 +127,27 @@ def allreduce_s(nbytes, hosts, slots, network, hierarchical=False):
     return ring_allreduce_s(nbytes, hosts * slots, slowest)
 
 
-def step_s(workload, hosts, slots, network, fusion_threshold_bytes=None, cycle_time_s=None, hierarchical=False,
-           overlap=INDEPENDENT):
+def step_s(workload, hosts, slots, network, fusion_threshold_bytes=None, cycle_time_s=None, segment_bytes=None,
+           hierarchical=False, overlap=INDEPENDENT):
     """Seconds of one training step on every rank of `hosts` x `slots` (see the module's doc).
-    The engine's settings default to hvdtrain's (hvdtrain.core.settings.Settings, Horovod's)."""
+    The engine's and the optimizer's settings default to hvdtrain's
+    (hvdtrain.core.settings.Settings)."""
     from hvdtrain.core.settings import Settings  # here, not at import: the `hvdtrain` command imports this module
 
     if fusion_threshold_bytes is None:
         fusion_threshold_bytes = Settings.fusion_threshold_bytes
     if cycle_time_s is None:
         cycle_time_s = Settings.cycle_time_s
+    if segment_bytes is None:
+        segment_bytes = Settings.segment_bytes
     if hosts * slots == 1:
         return workload.compute_s  # one rank reduces nothing, as Horovod's DistributedOptimizer
     backward_s = workload.backward_fraction * workload.compute_s
-    sizes = workload.gradient_bytes
-    ready = [backward_s * (index + 1) / len(sizes) for index in range(len(sizes))]  # backward's progress
+    runs = segments(workload.gradient_bytes, segment_bytes)
+    sizes = [sum(run) for run in runs]
+    # backward's progress when each segment's last gradient is ready
+    last = list(itertools.accumulate(len(run) for run in runs))
+    ready = [backward_s * count / last[-1] for count in last]
     # Simulated in wall time from backward's start, from one event to the next (a gradient
     # ready, the engine's cycle starting, its reductions done), with backward's and the
     # reductions' rates constant in between.
@@ -164,6 +180,19 @@ def step_s(workload, hosts, slots, network, fusion_threshold_bytes=None, cycle_t
         if reducing:
             reducing_left = 0.0 if step == to_reduced else reducing_left - step * reduce_rate
     return workload.compute_s - backward_s + now
+
+
+def segments(sizes, segment_bytes):
+    """The gradients' sizes grouped as the optimizer submits them (hvdtrain.torch.optimizer's
+    _segment_members): runs in backward order, each closed once it holds `segment_bytes` or more
+    (0: each gradient on its own)."""
+    runs = []
+    for nbytes in sizes:
+        if runs and sum(runs[-1]) < segment_bytes:
+            runs[-1].append(nbytes)
+        else:
+            runs.append([nbytes])
+    return runs
 
 
 def fused_buffers(sizes, fusion_threshold_bytes):

@@ -111,3 +111,28 @@ def test_a_profile_measures_one_device_and_the_dry_run_predicts_from_it(tmp_path
         assert plan["predicted_samples_per_s"] == pytest.approx(
             plan["world_size"] * profile["samples_per_s"] * plan["predicted_efficiency"], rel=1e-9)
     assert two_hosts["predicted_efficiency"] < one_host["predicted_efficiency"]  # 1 Gbit/s between the hosts
+
+
+def test_cpu_ranks_are_modelled_as_open_mpi_reduces_them_and_gpus_as_nccls_rings(tmp_path, monkeypatch):
+    """Across hosts of several ranks each: hierarchically for CPU ranks (Open MPI's han), as one
+    flat ring for GPUs (NCCL)."""
+    from hvdtrain.runner import prediction, scaling
+
+    monkeypatch.chdir(tmp_path)
+    profile = {"samples_per_s": 100.0, "backward_fraction": 0.5, "gradient_bytes": [4 * 10**6] * 20,
+               "device": "a test's"}
+    cfg = compose("recipe=digits", "cluster=2x2", "cluster.network.gbps=1", "cluster.network.latency_us=10")
+    got = {}
+    for kind in ("cpu", "cuda"):
+        path = prediction.profile_path(cfg, kind)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(profile))
+        got[kind] = predict(cfg, kind)
+        workload = scaling.Workload(32, 32 / 100.0, 0.5, tuple(profile["gradient_bytes"]))
+        network = scaling.Network(across=scaling.Link(1.0, 10.0), within=scaling.WITHIN_HOST[kind])
+        expected = scaling.efficiency(workload, 2, 2, network, hierarchical=kind == "cpu")
+        assert got[kind]["predicted_efficiency"] == pytest.approx(expected, rel=1e-12), kind
+    assert got["cpu"]["prediction_basis"].endswith("; hierarchical across hosts, as Open MPI reduces CPU ranks")
+    assert "hierarchical" not in got["cuda"]["prediction_basis"]
+    flat = scaling.efficiency(workload, 2, 2, scaling.Network(scaling.Link(1.0, 10.0), scaling.SHARED_MEMORY))
+    assert got["cpu"]["predicted_efficiency"] > flat * 1.1  # each host's link carries 1.0 of the bytes, not 1.5

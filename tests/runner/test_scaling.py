@@ -7,12 +7,13 @@ import pytest
 
 from hvdtrain.core.settings import Settings
 from hvdtrain.runner.scaling import (Link, Network, Overlap, Workload, allreduce_s, efficiency, fit_link, fused_buffers,
-                                     ring_allreduce_s, samples_per_s, step_s)
+                                     ring_allreduce_s, samples_per_s, segments, step_s)
 
 GIGABYTE = 10**9
 ONE_SECOND_A_GIGABYTE = Link(gbps=8.0, latency_us=5.0)  # 1e9 bytes take 1 s to cross
 NETWORK = Network(across=Link(gbps=10.0, latency_us=20.0), within=Link(gbps=100.0, latency_us=2.0))
-ENGINE = {"fusion_threshold_bytes": 64 * 2**20, "cycle_time_s": 0.001}
+# Each gradient submitted on its own, as Horovod does (hvdtrain.torch's segments: below).
+ENGINE = {"fusion_threshold_bytes": 64 * 2**20, "cycle_time_s": 0.001, "segment_bytes": 0}
 
 
 def workload(gradient_bytes, compute_s=1.0, backward_fraction=0.5):
@@ -79,12 +80,14 @@ def test_more_buffers_pay_more_latency():
     latency and nothing else."""
     sizes = [10**6] * 4
     ready_at_once = workload(sizes, backward_fraction=0.0)
-    one_buffer = step_s(ready_at_once, 2, 4, NETWORK, fusion_threshold_bytes=4 * 10**6, cycle_time_s=0.001)
-    four_buffers = step_s(ready_at_once, 2, 4, NETWORK, fusion_threshold_bytes=10**6, cycle_time_s=0.001)
+    one_buffer = step_s(ready_at_once, 2, 4, NETWORK, fusion_threshold_bytes=4 * 10**6, cycle_time_s=0.001,
+                        segment_bytes=0)
+    four_buffers = step_s(ready_at_once, 2, 4, NETWORK, fusion_threshold_bytes=10**6, cycle_time_s=0.001,
+                          segment_bytes=0)
     assert one_buffer == pytest.approx(1.0 + 0.001 + allreduce_s(4 * 10**6, 2, 4, NETWORK), rel=1e-12)
     ring_latency = 2 * (8 - 1) * 20e-6
     assert four_buffers - one_buffer == pytest.approx(3 * ring_latency, rel=1e-9)
-    assert step_s(ready_at_once, 2, 4, NETWORK, fusion_threshold_bytes=0, cycle_time_s=0.001) == \
+    assert step_s(ready_at_once, 2, 4, NETWORK, fusion_threshold_bytes=0, cycle_time_s=0.001, segment_bytes=0) == \
         pytest.approx(four_buffers, rel=1e-12)
 
 
@@ -104,7 +107,23 @@ def test_the_engine_defaults_are_hvdtrains():
     sizes = [10**6] * 30
     assert step_s(workload(sizes), 4, 2, NETWORK) == step_s(
         workload(sizes), 4, 2, NETWORK, fusion_threshold_bytes=Settings.fusion_threshold_bytes,
-        cycle_time_s=Settings.cycle_time_s)
+        cycle_time_s=Settings.cycle_time_s, segment_bytes=Settings.segment_bytes)
+
+
+def test_segments_group_gradients_in_backward_order_as_the_optimizer_does():
+    assert segments([3, 3, 3, 5, 1], 6) == [[3, 3], [3, 5], [1]]
+    assert segments([7, 1], 6) == [[7], [1]]  # a gradient of the segment's size or more closes it
+    assert segments([3, 3], 0) == [[3], [3]]  # HVDTRAIN_SEGMENT_BYTES=0: each on its own
+
+
+def test_a_segment_waits_for_its_last_gradient():
+    """One segment of the whole model: nothing is reduced before backward ends, so the whole
+    allreduce is exposed; per gradient only the last one is."""
+    sizes = [1000 + k for k in range(50)]
+    engine = {**ENGINE, "segment_bytes": sum(sizes)}
+    step = step_s(workload(sizes), 2, 4, NETWORK, **engine)
+    assert step == pytest.approx(1.0 + ENGINE["cycle_time_s"] + allreduce_s(sum(sizes), 2, 4, NETWORK), rel=1e-12)
+    assert step > step_s(workload(sizes), 2, 4, NETWORK, **ENGINE)
 
 
 def test_throughput_is_every_rank_s_batch_over_the_step():
