@@ -6,8 +6,9 @@ import json
 
 import pytest
 
+from hvdtrain.runner import scaling
 from hvdtrain.runner.config import ConfigError, validate
-from hvdtrain.runner.prediction import predict
+from hvdtrain.runner.prediction import predict, profile_path
 
 from runner.support import compose, run_hvdtrain
 
@@ -116,15 +117,13 @@ def test_a_profile_measures_one_device_and_the_dry_run_predicts_from_it(tmp_path
 def test_cpu_ranks_are_modelled_as_open_mpi_reduces_them_and_gpus_as_nccls_rings(tmp_path, monkeypatch):
     """Across hosts of several ranks each: hierarchically for CPU ranks (Open MPI's han), as one
     flat ring for GPUs (NCCL)."""
-    from hvdtrain.runner import prediction, scaling
-
     monkeypatch.chdir(tmp_path)
     profile = {"samples_per_s": 100.0, "backward_fraction": 0.5, "gradient_bytes": [4 * 10**6] * 20,
                "device": "a test's"}
     cfg = compose("recipe=digits", "cluster=2x2", "cluster.network.gbps=1", "cluster.network.latency_us=10")
     got = {}
     for kind in ("cpu", "cuda"):
-        path = prediction.profile_path(cfg, kind)
+        path = profile_path(cfg, kind)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(profile))
         got[kind] = predict(cfg, kind)
