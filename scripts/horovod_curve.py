@@ -8,14 +8,14 @@ tf_cnn_benchmarks, 64 images per GPU, on servers of 4 Pascal GPUs joined by RoCE
 25 Gbit/s Ethernet. The model is asked what `hvdtrain` itself predicts: one sweep
 `hvdtrain -m recipe=... cluster=1x4,...,128x4 cluster.network.gbps=25 train.device=cuda
 dry_run=true`, so that each point here is what a dry run of that layout prints. Its inputs,
-each with its source in the recipe or the config's defaults: one P100's throughput
-(recipe.reference_throughput of the *_synthetic recipes), the models' parameter tensors
-(torchvision's), the link between hosts (25 Gbit/s, NCCL's 6.6 us a ring step), PCIe 3.0
-x16 within a server, backward 2/3 of a step, and hvdtrain's defaults (128 MiB fusion threshold,
-1 ms cycle, 25 MiB gradient segments; HOROVOD_FUSION_THRESHOLD, HOROVOD_CYCLE_TIME and
-HVDTRAIN_SEGMENT_BYTES are not passed on).
-Nothing is fitted. Writes efficiency.csv and efficiency.png to --out and prints the errors at
-512 GPUs.
+each with its source in the recipe or the config's defaults: one GPU's throughput as Horovod
+measured it on that hardware (recipe.reference_throughput of the *_synthetic recipes), the
+models' parameter tensors (torchvision's), the link between hosts (25 Gbit/s, NCCL's 6.6 us a
+ring step), PCIe 3.0 x16 within a server, backward 2/3 of a step, and hvdtrain's defaults (128
+MiB fusion threshold, 1 ms cycle, 25 MiB gradient segments; HOROVOD_FUSION_THRESHOLD,
+HOROVOD_CYCLE_TIME and HVDTRAIN_SEGMENT_BYTES are not passed on).
+Nothing is fitted. Writes efficiency.csv and efficiency.png to --out and prints the errors where
+Horovod published a figure (16, 128 and 512 GPUs).
 """
 
 import argparse
@@ -33,18 +33,24 @@ GPUS = tuple(GPUS_PER_SERVER * 2 ** k for k in range(8))  # 4 ... 512
 NETWORK_GBPS = 25  # "RoCE-capable 25 Gbit/s network"
 RECIPES = {"resnet101": "resnet101_synthetic", "inception_v3": "inception3_synthetic", "vgg16": "vgg16_synthetic"}
 LABELS = {"resnet101": "ResNet-101", "inception_v3": "Inception V3", "vgg16": "VGG-16"}
-MARKERS = ("o", "x", "^")  # ResNet-101's and Inception V3's published points coincide
+MARKERS = ("o", "x", "^")  # ResNet-101's and Inception V3's published points coincide at 128 and 512
 
 # Scaling efficiency against one GPU, as Horovod published it for that hardware:
 # - 512 GPUs (128 servers): "Horovod achieves 90% scaling efficiency for both Inception V3 and
 #   ResNet-101, and 68% scaling efficiency for VGG-16" (Horovod's README from commit 8318a898,
 #   2018-05-10, "Upgrade scaling efficiency chart to 512 GPUs"; docs/benchmarks.rst to this day).
 # - 128 GPUs (32 servers), the chart before it, with the Horovod of October 2017: 90 %, 90 %
-#   and 79 % (the README before that commit). The paper's own figures reach 128 GPUs too, over
-#   TCP: 88 % for Inception V3 and ResNet-101.
+#   and 79 % (the README from commit 6bb6a2db, 2017-10-17). The paper's own figures reach 128
+#   GPUs too, over TCP: 88 % for Inception V3 and ResNet-101.
+# - 16 GPUs (4 servers), the table before that chart, "RDMA Horovod (allreduce on GPU with
+#   NCCL)" after Tensor Fusion (README from commit d54e3a88, 2017-09-05): 2,022.6, 1,746.2 and
+#   1,787.4 images/s against its single-GPU baselines of 134.4, 119.4 and 130.9 (the recipes'
+#   reference throughputs).
 PUBLISHED = {
     (512, "resnet101"): 0.90, (512, "inception_v3"): 0.90, (512, "vgg16"): 0.68,
     (128, "resnet101"): 0.90, (128, "inception_v3"): 0.90, (128, "vgg16"): 0.79,
+    (16, "resnet101"): 1746.2 / (16 * 119.4), (16, "inception_v3"): 2022.6 / (16 * 134.4),
+    (16, "vgg16"): 1787.4 / (16 * 130.9),
 }
 ENGINE_VARIABLES = ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME", "HVDTRAIN_SEGMENT_BYTES")
 
@@ -73,7 +79,8 @@ def write_csv(path, efficiencies):
         writer = csv.writer(file)
         writer.writerow(["gpus", "model", "predicted_efficiency", "published_efficiency"])
         for (gpus, model), efficiency in efficiencies.items():
-            writer.writerow([gpus, model, f"{efficiency:.4f}", PUBLISHED.get((gpus, model), "")])
+            published = PUBLISHED.get((gpus, model))
+            writer.writerow([gpus, model, f"{efficiency:.4f}", "" if published is None else f"{published:.4f}"])
 
 
 def plot(path, efficiencies, gpu_counts):
@@ -96,7 +103,8 @@ def plot(path, efficiencies, gpu_counts):
     axes.set_ylim(50, 102)
     axes.grid(alpha=0.3)
     axes.legend(fontsize=8, loc="lower left")
-    axes.set_title("Horovod's benchmark: predicted, and published (128 GPUs: 2017, 512: 2018)", fontsize=10)
+    axes.set_title("Horovod's benchmark: predicted, and published (16 and 128 GPUs: 2017, 512: 2018)",
+                   fontsize=10)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
@@ -106,19 +114,20 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=REPO / "studies" / "horovod_scaling")
     parser.add_argument("--gpus", type=lambda text: [int(n) for n in text.split(",")], default=list(GPUS),
-                        help="GPU counts, multiples of 4 that include 512 (default: 4, 8, ..., 512)")
+                        help="GPU counts, multiples of 4 (default: 4, 8, ..., 512)")
     args = parser.parse_args()
-    if 512 not in args.gpus or any(gpus % GPUS_PER_SERVER for gpus in args.gpus):
-        parser.error(f"--gpus {args.gpus}: give multiples of {GPUS_PER_SERVER} that include 512")
+    if any(gpus % GPUS_PER_SERVER for gpus in args.gpus):
+        parser.error(f"--gpus {args.gpus}: give multiples of {GPUS_PER_SERVER}")
     efficiencies = predicted(args.gpus)
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv(args.out / "efficiency.csv", efficiencies)
     plot(args.out / "efficiency.png", efficiencies, args.gpus)
     print(f"wrote {args.out / 'efficiency.csv'} and {args.out / 'efficiency.png'}")
-    for model, label in LABELS.items():
-        error = efficiencies[512, model] - PUBLISHED[512, model]
-        print(f"512 GPUs, {label}: predicted {100 * efficiencies[512, model]:.1f} %, published "
-              f"{100 * PUBLISHED[512, model]:.0f} %, error {100 * error:+.1f} points")
+    for (gpus, model), published in sorted(PUBLISHED.items()):
+        if (gpus, model) in efficiencies:
+            error = efficiencies[gpus, model] - published
+            print(f"{gpus} GPUs, {LABELS[model]}: predicted {100 * efficiencies[gpus, model]:.1f} %, published "
+                  f"{100 * published:.1f} %, error {100 * error:+.1f} points")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from PIL import Image
 
 REPO = Path(__file__).resolve().parent.parent
 STUDY = REPO / "studies" / "horovod_scaling"
-GPUS = [4, 128, 512]  # of the study's 4 ... 512: the ends and the published points, to keep the test short
+GPUS = [4, 16, 128, 512]  # of the study's 4 ... 512: the ends and the published points, to keep the test short
 
 
 def rows(path):
@@ -26,13 +26,13 @@ def test_the_curve_is_the_dry_runs_and_the_committed_study_is_current(tmp_path):
     assert made == [row for row in rows(STUDY / "efficiency.csv") if int(row["gpus"]) in GPUS]
     assert Image.open(tmp_path / "efficiency.png").size[0] > 0
     assert [line.split(":")[0] for line in result.stdout.splitlines()[1:]] == [
-        "512 GPUs, ResNet-101", "512 GPUs, Inception V3", "512 GPUs, VGG-16"]
+        f"{gpus} GPUs, {model}" for gpus in (16, 128, 512) for model in ("Inception V3", "ResNet-101", "VGG-16")]
 
     for model in ("resnet101", "inception_v3", "vgg16"):
         curve = [float(row["predicted_efficiency"]) for row in made if row["model"] == model]
-        assert 1 >= curve[0] > curve[1] > curve[2] > 0
+        assert 1 >= curve[0] > curve[1] > curve[2] > curve[3] > 0
         published = [int(row["gpus"]) for row in made if row["model"] == model and row["published_efficiency"]]
-        assert published == [128, 512]
+        assert published == [16, 128, 512]
 
     committed = rows(STUDY / "efficiency.csv")
     assert sorted({int(row["gpus"]) for row in committed}) == [4, 8, 16, 32, 64, 128, 256, 512]
