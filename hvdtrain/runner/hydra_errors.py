@@ -71,7 +71,10 @@ def problem(error):
         return f"{error.override}: cannot be read as an override: {_one_line(error.message)}"
     if isinstance(error, MissingConfigException) and error.options:
         group, _, option = error.missing_cfg_file.rpartition("/")
-        return f"{group}={option!r}: unknown {group}; allowed: {', '.join(sorted(error.options, key=_natural_order))}"
+        allowed = ", ".join(sorted(error.options, key=_natural_order))
+        if group == "cluster":  # layouts without a file of their own are made when asked for (config.LAYOUT)
+            allowed += ", or any HOSTSxSLOTS such as 3x2"
+        return f"{group}={option!r}: unknown {group}; allowed: {allowed}"
     if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and cause.full_key.startswith("hydra."):
         return f"{cause.full_key}: not a key of Hydra's config (hvdtrain --cfg hydra shows them)"
     if isinstance(cause, (ConfigKeyError, ConfigAttributeError)):

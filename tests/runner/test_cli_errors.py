@@ -33,7 +33,7 @@ ONE_LINE_ERRORS = {
                    "optimizer.exclude_from_weight_decay='bn': must be a list of strings, written [x,y,...]"),
     "a section set to a value": (["train=3"], f"train=3: is a section; set its keys instead: {TRAIN_KEYS}"),
     "unknown layout": (["cluster=3x3x"], "cluster='3x3x': unknown cluster; allowed: 1x1, 1x2, 1x4, 1x8, 2x4, 2x8, "
-                                         "4x4, 4x8, 8x8, 16x8, 32x4, 32x8, local"),
+                                         "4x4, 4x8, 8x8, 16x8, 32x4, 32x8, local, or any HOSTSxSLOTS such as 3x2"),
     "unknown model": (["model=resnet9000"], "model='resnet9000': unknown model; allowed: digits_cnn, digits_mlp, "
                                             "inception_v3, mnist1d_cnn, mnist1d_mlp, resnet50, resnet101, resnet152, "
                                             "vgg16"),
@@ -53,7 +53,7 @@ ONE_LINE_ERRORS = {
                                                  "to your command line"),
     "--cfg job with an unknown layout": (["--cfg", "job", "cluster=3x3x"],
                                          "cluster='3x3x': unknown cluster; allowed: 1x1, 1x2, 1x4, 1x8, 2x4, 2x8, "
-                                         "4x4, 4x8, 8x8, 16x8, 32x4, 32x8, local"),
+                                         "4x4, 4x8, 8x8, 16x8, 32x4, 32x8, local, or any HOSTSxSLOTS such as 3x2"),
     "an unknown preempt signal": (["train.preempt_signal=SIGUSR1"], "train.preempt_signal='SIGUSR1': allowed: USR1, "
                                                                     "USR2, TERM (a signal's name without SIG), or null"),
     "an unknown rank launcher": (["cluster.launcher=ssh"], "cluster.launcher='ssh': allowed: mpirun, srun"),
