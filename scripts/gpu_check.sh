@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# The GPU check of issue 17, on a machine with one GPU. Its parts, in PARTS (default: all four,
+# The GPU check of issue 17, on a machine with one GPU. Its parts, in PARTS (default: all five,
 # about 10 minutes on an H100; a device session that has less runs the parts it needs most):
 #   tests     tests/gpu and the GPU path's tests;
 #   allreduce the engine against one raw NCCL allreduce of ResNet-101's gradient bucket;
 #   training  throughput of hvdtrain at world size 1 through NCCL against a plain PyTorch loop
 #             (ResNet-50, AMP, batch 64), in alternating rounds, with hvdtrain's gradients in
 #             segments (the default) and one by one (HVDTRAIN_SEGMENT_BYTES=0, as before segments);
+#   overhead  what the optimizer costs the training thread a step, on 320 small gradients
+#             (scripts/bench_optimizer_overhead.py --device cuda, seconds);
 #   profile   a few steps of each loop under torch.profiler: traces, operator tables and how much
 #             of the time the GPU was busy, to study offline where hvdtrain's steps lose time.
 # Prints a summary; the details are under $OUT (default gpu_check/).
@@ -16,7 +18,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_check}
 ROUNDS=${ROUNDS:-3}
-PARTS=${PARTS:-tests allreduce training profile}
+PARTS=${PARTS:-tests allreduce training overhead profile}
 mkdir -p "$OUT"
 make --quiet .venv/.installed-stamp >/dev/null || exit 1
 PY=.venv/bin/python
@@ -69,6 +71,15 @@ if wanted training; then
 $(median "${ratios[@]}") (rounds: ${ratios[*]}; goal >= 0.98)")
     summary+=("  the same, gradients submitted one by one (HVDTRAIN_SEGMENT_BYTES=0): median \
 $(median "${per_gradient_ratios[@]}") (rounds: ${per_gradient_ratios[*]})")
+fi
+
+if wanted overhead; then
+    if $PY scripts/bench_optimizer_overhead.py --device cuda > "$OUT/overhead.txt" 2>&1; then
+        summary+=("optimizer overhead on the training thread: $(tail -1 "$OUT/overhead.txt")")
+    else
+        failed=1
+        summary+=("bench_optimizer_overhead --device cuda failed: $(tail -3 "$OUT/overhead.txt")")
+    fi
 fi
 
 if wanted profile; then

@@ -2,7 +2,12 @@
 
 A hook counts each gradient the moment autograd has accumulated it, and a segment's allreduce
 starts as soon as all its gradients are in, so communication overlaps the rest of backward;
-step() waits for them.
+step() waits for them. From the second step on, where gradients are set to None between steps
+and each step has one backward pass, only the gradient that completed each segment in the
+step before keeps a hook: it checks that the segment's other gradients are in and new, and
+submits. Each Python hook costs the thread that runs backward microseconds, which a GPU loop
+bound by its host pays in full (README); where the check fails (backward's order changed,
+gradients not set to None), step() submits that segment and every gradient is hooked again.
 
 Unlike Horovod, the gradients of dense parameters live in one flat tensor per device kind and
 dtype (a bucket, as DistributedDataParallel's gradient_as_bucket_view), laid out alike on every
@@ -28,6 +33,7 @@ import os
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Optional
 
 import numpy as np
@@ -86,19 +92,18 @@ class _GradientBuckets:
         """Make each parameter's gradient its bucket view: autograd's own gradients are copied
         there, all in one batched copy (DDP copies each into its bucket views); a parameter
         without a gradient gets zeros there."""
-        views, grads = [], []
+        moved, views, grads = [], [], []
         for p in params:
             view, grad = self.view[p], p.grad
             if grad is None:
                 view.zero_()
+                p.grad = view
             elif grad.data_ptr() != view.data_ptr():
+                moved.append(p)
                 views.append(view)
                 grads.append(grad)
-            else:  # accumulated into its view already (zero_grad(set_to_none=False))
-                continue
-            p.grad = view
-        if views:
-            torch._foreach_copy_(views, grads)
+            # else accumulated into its view already (zero_grad(set_to_none=False))
+        _copy_into_views(moved, views, grads)
 
     def zero(self):
         """zero_grad(set_to_none=False): zeros in the buckets, and the views as gradients."""
@@ -109,6 +114,15 @@ class _GradientBuckets:
         for p, view in self.view.items():
             if p.grad is not None and not p.grad.is_sparse:
                 p.grad = view
+
+
+def _copy_into_views(params, views, grads):
+    """Copy autograd's gradients of `params` into their bucket views, all in one batched copy,
+    and make the views their gradients."""
+    if views:
+        torch._foreach_copy_(views, grads)
+    for p, view in zip(params, views):
+        p.grad = view
 
 
 def _dense(tensor):
@@ -144,8 +158,10 @@ def _huge_page_zeros(numel, dtype):
 class _Segment:
     """Parameters whose gradients go to the engine together, once the last of them is in."""
     members: list
-    waiting: int = 0  # gradients of this step still to come; 0 once submitted
+    waiting: int = 0  # gradients of this step still to come; 0 once submitted, -1 left to synchronize()
     runs: Optional[list] = None  # how it is submitted (_DistributedOptimizer._runs), made once
+    closer: object = None  # the member whose gradient completed it last step (None: synchronize did)
+    views: Optional[list] = None  # the members' bucket views, where it is submitted by its closer
 
 
 @dataclass(eq=False)
@@ -197,26 +213,61 @@ class _DistributedOptimizer:
             self._segments = [_Segment(members, len(members)) for members in
                               _segment_members(self._requires_update, self._buckets, groups, segment_bytes)]
             self._segment_of = {p: segment for segment in self._segments for p in segment.members}
-            for p in self._requires_update:
-                p.register_post_accumulate_grad_hook(self._on_gradient_ready)
+            # Closers only where a gradient's arrival shows in p.grad: set to None before the
+            # step, a new tensor after; with several passes, or views zeroed, it is always there.
+            self._closers_may_submit = (backward_passes_per_step == 1
+                                        and all(p in self._buckets.view for p in self._requires_update))
+            self._hooks = []
+            self._hook_gradients(closers_only=False)
 
-    def _on_gradient_ready(self, p):
+    def _hook_gradients(self, closers_only):
+        """Hook every gradient, or only each segment's closer (between steps only)."""
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+        for segment in self._segments:
+            if not closers_only:
+                self._hooks.extend(p.register_post_accumulate_grad_hook(partial(self._on_gradient_ready, segment))
+                                   for p in segment.members)
+            elif segment.closer is not None:
+                segment.views = [self._buckets.view[p] for p in segment.members]
+                self._hooks.append(segment.closer.register_post_accumulate_grad_hook(
+                    partial(self._on_closing_gradient, segment)))
+        self._closers_only = closers_only
+
+    def _on_gradient_ready(self, segment, p):
         if self._delay[p] <= 0:
-            raise AssertionError(
-                "Gradients were computed more than backward_passes_per_step times before call to step(). "
-                "Increase backward_passes_per_step to accumulate gradients locally."
-            )
+            _raise_too_many_passes()
         self._counting = True
         self._delay[p] -= 1
         if self._delay[p] == 0:
-            segment = self._segment_of[p]
             segment.waiting -= 1
             if segment.waiting == 0:
+                segment.closer = p
                 self._submit(segment)
 
+    def _on_closing_gradient(self, segment, _):
+        if segment.waiting <= 0:  # submitted, or left to synchronize(), in this step already
+            _raise_too_many_passes()
+        self._counting = True
+        grads = []
+        for p, view in zip(segment.members, segment.views):
+            grad = p.grad
+            # Not yet in this step, accumulated into last step's view, or sparse (it leaves the buckets).
+            if grad is None or grad is view or grad.is_sparse:
+                segment.waiting = -1  # synchronize() submits it
+                self._closers_may_submit = False  # and hooks every gradient from then on
+                return
+            grads.append(grad)
+        _copy_into_views(segment.members, segment.views, grads)
+        self._submit_runs(segment)
+
     def _submit(self, segment):
-        segment.waiting = 0
         self._take_gradients(segment.members)
+        self._submit_runs(segment)
+
+    def _submit_runs(self, segment):
+        segment.waiting = 0
         if segment.runs is None:
             segment.runs = self._runs(segment.members)
         for run in segment.runs:
@@ -232,6 +283,7 @@ class _DistributedOptimizer:
                 self._sparse_dims[p] = p.grad.sparse_dim()
                 self._buckets.evict(p)
                 self._segment_of[p].runs = None
+                self._closers_may_submit = False
             if p in self._sparse_dims:
                 if p.grad is None:
                     # Unused on this rank: the others still gather indices and values from it.
@@ -305,18 +357,23 @@ class _DistributedOptimizer:
             return
         for segment in self._segments:
             if segment.waiting:
+                if not self._closers_only:
+                    segment.closer = None
                 self._submit(segment)
         for handle, finish in self._in_flight:
             output = synchronize(handle)
             if finish is not None:
                 finish(output)
         self._in_flight.clear()
-        for p in self._delay:
-            self._delay[p] = self._backward_passes_per_step
+        if not self._closers_only:  # the closers' hooks leave the counts alone
+            for p in self._delay:
+                self._delay[p] = self._backward_passes_per_step
         for segment in self._segments:
             segment.waiting = len(segment.members)
         self._counting = False
         self._synchronized = True
+        if self._closers_only != self._closers_may_submit:
+            self._hook_gradients(closers_only=self._closers_may_submit)
 
     @contextmanager
     def skip_synchronize(self):
@@ -348,10 +405,20 @@ class _DistributedOptimizer:
             )
         if self._buckets is None or set_to_none:
             return super().zero_grad(set_to_none)
+        self._closers_may_submit = False  # backward accumulates into the views: p.grad is always there
+        if self._closers_only:
+            self._hook_gradients(closers_only=False)
         self._buckets.zero()
         for p in self._requires_update:
             if p.grad is not None and (p not in self._buckets.view or p.grad.is_sparse):
                 p.grad.zero_()
+
+
+def _raise_too_many_passes():
+    raise AssertionError(
+        "Gradients were computed more than backward_passes_per_step times before call to step(). "
+        "Increase backward_passes_per_step to accumulate gradients locally."
+    )
 
 
 def _segment_members(params, buckets, groups, segment_bytes):

@@ -103,6 +103,61 @@ def test_matches_large_batch_whatever_the_segments(mpirun, segment_bytes):
     mpirun(3, ranks_equivalence, timeout=180, env={"HVDTRAIN_SEGMENT_BYTES": segment_bytes})
 
 
+def ranks_closers_stay_right():
+    """From the second step only each segment's closer has a hook. The result stays the large
+    batch's where backward's order changes, where gradients are not set to None (so that they
+    accumulate over steps), and with each gradient on its own."""
+    import hvdtrain.torch as hvd
+
+    hvd.init()
+    n, r = hvd.size(), hvd.rank()
+    generator = torch.Generator().manual_seed(2)
+    data = torch.randn(5, n * PER_RANK_BATCH, 5, generator=generator, dtype=torch.float64)
+    scenarios = {  # name: (backward's order of the layers each step, zero_grad before each step)
+        "order changes": ([[0, 1, 2], [0, 1, 2], [2, 0, 1], [0, 1, 2], [0, 1, 2]], [True] * 5),
+        "order changes, not set to None": ([[0, 1, 2], [0, 1, 2], [2, 0, 1], [0, 1, 2], [0, 1, 2]],
+                                           [True, True, False, True, True]),
+    }
+    for name, (orders, zeroing) in scenarios.items():
+        def run(x_of_step, distributed):
+            torch.manual_seed(0)
+            layers = torch.nn.ModuleList(torch.nn.Linear(5, 5) for _ in range(3)).double()
+            optimizer = torch.optim.SGD(layers.parameters(), lr=0.1)
+            if distributed:
+                optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=layers.named_parameters())
+            closers_only = []
+            for step, (order, zero) in enumerate(zip(orders, zeroing)):
+                if zero:
+                    optimizer.zero_grad()
+                x = x_of_step(step)
+                for i in order:
+                    x = torch.tanh(layers[i](x))
+                x.sum(dim=1).mean().backward()
+                optimizer.step()
+                closers_only.append(getattr(optimizer, "_closers_only", None))
+            return torch.cat([p.detach().reshape(-1) for p in layers.parameters()]), closers_only
+
+        expected, _ = run(lambda step: data[step], distributed=False)
+        mine = slice(r * PER_RANK_BATCH, (r + 1) * PER_RANK_BATCH)
+        got, closers_only = run(lambda step: data[step, mine], distributed=True)
+        difference = (got - expected).abs().max().item()
+        assert difference < 1e-12, f"{name}: weights differ from the large-batch run by {difference}"
+        # Closers took over after the first step, and every gradient's hook came back when they
+        # could not tell in step 2: the closer of the one segment came before the others, which
+        # were None or last step's (a segment of one parameter is closed by it in any order).
+        alone = name == "order changes" and os.environ.get("HVDTRAIN_SEGMENT_BYTES") == "0"
+        expected_modes = [True] * 5 if alone else [True, True, False, False, False]
+        assert closers_only == expected_modes, (name, closers_only)
+        gathered = hvd.allgather(got.unsqueeze(0))
+        assert torch.equal(gathered, got.unsqueeze(0).expand_as(gathered)), f"{name}: ranks disagree"
+
+
+@pytest.mark.parametrize("segment_bytes", [None, "0"])
+def test_closing_gradients_alone_keep_the_large_batch_result(mpirun, segment_bytes):
+    mpirun(3, ranks_closers_stay_right, timeout=180,
+           env={} if segment_bytes is None else {"HVDTRAIN_SEGMENT_BYTES": segment_bytes})
+
+
 def ranks_grouped_and_compressed():
     """groups and Compression.fp16 change how gradients travel, not the average they give."""
     import hvdtrain.torch as hvd
@@ -343,7 +398,8 @@ def alone_channels_last():
 
 
 def alone_submissions_per_step():
-    """A step submits one allreduce per segment's run, not one per gradient."""
+    """A step submits one allreduce per segment's run, not one per gradient, each during backward
+    (in the second step by the closers' hooks alone)."""
     import hvdtrain.torch as hvd
     from hvdtrain.torch import mpi_ops
 
@@ -362,13 +418,15 @@ def alone_submissions_per_step():
     for _ in range(2):
         optimizer.zero_grad()
         model(torch.ones(2, 7, dtype=torch.float64)).sum().backward()
+        names.append("backward returned")
         optimizer.step()
     print("submitted", names)
 
 
 @pytest.mark.parametrize("segment_bytes, expected", [
-    (None, ["DistributedOptimizer.0.weight..4.bias"] * 2),
-    ("0", [f"DistributedOptimizer.{i}.{kind}" for i in (4, 2, 0) for kind in ("bias", "weight")] * 2),
+    (None, ["DistributedOptimizer.0.weight..4.bias", "backward returned"] * 2),
+    ("0", ([f"DistributedOptimizer.{i}.{kind}" for i in (4, 2, 0) for kind in ("bias", "weight")]
+           + ["backward returned"]) * 2),
 ])
 def test_a_step_submits_one_allreduce_per_run(alone, segment_bytes, expected):
     env = {"HVDTRAIN_REDUCE_ALONE": "1"}
