@@ -50,7 +50,7 @@ def listing():
         recipe = OmegaConf.load(RECIPES_DIR / f"{name}.yaml").get("recipe", {})
         target = recipe.get("target")
         rows.append((name, recipe.get("description", ""),
-                     f"{target.metric} {target.value} ({target.source})" if target else "none (throughput)"))
+                     f"{target.metric} {target.value} ({target.source})" if target else "none"))
     widths = [max(len(row[i]) for row in rows) for i in range(2)]
     return "\n".join(f"{row[0]:<{widths[0]}}  {row[1]:<{widths[1]}}  {row[2]}" for row in rows)
 
