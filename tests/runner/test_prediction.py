@@ -39,7 +39,7 @@ def test_composed_layouts_name_themselves():
 
 BAD_VALUES = {
     "not a layout": ("cluster=abc", "cluster='abc': unknown cluster; allowed: 1x1, 1x2, 1x4, 1x8, 2x4, 2x8, 4x4, "
-                                    "4x8, 8x8, 16x8, 32x4, 32x8, local"),
+                                    "4x8, 8x8, 16x8, 32x4, 32x8, local, or any HOSTSxSLOTS such as 3x2"),
     "negative bandwidth": ("cluster.network.gbps=-1", "cluster.network.gbps=-1.0: must be a positive Gbit/s or null"),
 }
 
