@@ -48,7 +48,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import List, Optional
 
-from hvdtrain.runner import launcher
+from hvdtrain.launch import mpirun as launcher
 from run_benchmarks import total_images_per_second
 
 SCRIPTS = Path(__file__).resolve().parent

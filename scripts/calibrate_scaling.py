@@ -45,7 +45,8 @@ from pathlib import Path
 from typing import Tuple
 
 from hvdtrain.core.settings import Settings
-from hvdtrain.runner import launcher, scaling
+from hvdtrain.launch import mpirun as launcher
+from hvdtrain.scaling import step_time as scaling
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 JOBS = REPOSITORY / "scripts" / "calibration_jobs.py"
@@ -191,7 +192,7 @@ def write(result, output):
 
 def compose_recipe(overrides, work):
     """The recipe's config, resolved, as `hvdtrain` composes it, in a file every host reads."""
-    command = [sys.executable, "-m", "hvdtrain.runner.cli", *overrides, "--cfg", "job", "--resolve"]
+    command = [sys.executable, "-m", "hvdtrain.launch.cli", *overrides, "--cfg", "job", "--resolve"]
     composed = subprocess.run(command, cwd=work, capture_output=True, text=True)
     if composed.returncode != 0:
         raise CalibrationError(f"hvdtrain {' '.join(overrides)}: {last_line(composed.stderr + composed.stdout)}")

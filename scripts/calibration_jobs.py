@@ -113,9 +113,9 @@ def training(spec, output):
     from mpi4py import MPI
 
     from hvdtrain import core as hvd_core
-    from hvdtrain.runner.config import load_run_config
-    from hvdtrain.runner.prediction import gradient_sizes
-    from hvdtrain.runner.profiling import timed_step
+    from hvdtrain.run.run_dir import load_run_config
+    from hvdtrain.scaling.prediction import gradient_sizes
+    from hvdtrain.scaling.profile import timed_step
     from hvdtrain.tasks.data_torch import build_datasets
     from hvdtrain.tasks.models_torch import build_model
     from hvdtrain.training.train_torch import build_optimizer

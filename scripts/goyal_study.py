@@ -80,7 +80,7 @@ def main():
 
 def multirun(sweep_dir, recipe, batches, overrides):
     """One `hvdtrain -m` over the global minibatches `batches`; its output goes to a log beside the runs."""
-    command = [sys.executable, "-m", "hvdtrain.runner.cli", "-m", f"recipe={recipe}",
+    command = [sys.executable, "-m", "hvdtrain.launch.cli", "-m", f"recipe={recipe}",
                f"train.batch_size={','.join(str(kn // RANKS) for kn in batches)}",
                f"hydra.sweep.dir={sweep_dir}", *overrides]
     sweep_dir.mkdir(parents=True, exist_ok=True)

@@ -59,7 +59,7 @@ def predicted(gpu_counts):
     """{(gpus, model): the efficiency `hvdtrain ... dry_run=true` predicts}, from one sweep run
     in an empty directory (so that no profile of this machine's stands in for the P100)."""
     layouts = [f"{gpus // GPUS_PER_SERVER}x{GPUS_PER_SERVER}" for gpus in gpu_counts]
-    command = [sys.executable, "-m", "hvdtrain.runner.cli", "-m", f"recipe={','.join(RECIPES.values())}",
+    command = [sys.executable, "-m", "hvdtrain.launch.cli", "-m", f"recipe={','.join(RECIPES.values())}",
                f"cluster={','.join(layouts)}", f"cluster.network.gbps={NETWORK_GBPS}", "train.device=cuda",
                "dry_run=true"]
     environment = {name: value for name, value in os.environ.items() if name not in ENGINE_VARIABLES}

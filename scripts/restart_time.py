@@ -26,12 +26,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from hvdtrain.runner import supervisor
+from hvdtrain.launch import supervisor
 from hvdtrain.training import checkpoint
 
 
 def rank_pid(run_dir, rank):
-    return rank_pid_of(f"hvdtrain.runner.worker\0{run_dir}", rank)
+    return rank_pid_of(f"hvdtrain.training.worker\0{run_dir}", rank)
 
 
 def wait_for(condition, timeout=300):
@@ -47,7 +47,7 @@ def wait_for(condition, timeout=300):
 
 def one_round(directory, extra):
     run_dir = Path(directory) / "run"
-    process = subprocess.Popen([sys.executable, "-m", "hvdtrain.runner.cli", "train.epochs=1000",
+    process = subprocess.Popen([sys.executable, "-m", "hvdtrain.launch.cli", "train.epochs=1000",
                                 "train.checkpoint_every_steps=50", "fault.restart_wait_s=0", *extra,
                                 f"hydra.run.dir={run_dir}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -98,7 +98,7 @@ def one_elastic_round(directory, extra):
     (directory / "discover.sh").write_text("#!/bin/sh\necho localhost:2\n")
     (directory / "discover.sh").chmod(0o755)
     progress = directory / "progress.txt"
-    process = subprocess.Popen([sys.executable, "-m", "hvdtrain.runner.hvdtrun", "--host-discovery-script",
+    process = subprocess.Popen([sys.executable, "-m", "hvdtrain.launch.hvdtrun.command", "--host-discovery-script",
                                 str(directory / "discover.sh"), "--min-np", "2", *extra, sys.executable,
                                 str(directory / "train.py"), str(progress)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from hvdtrain.runner import launcher
+from hvdtrain.launch import mpirun as launcher
 
 SCRIPTS = Path(__file__).resolve().parent
 

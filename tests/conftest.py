@@ -1,48 +1,13 @@
-import os
-import subprocess
-import sys
-from pathlib import Path
+"""Fixtures every test directory may use: real ranks, and a tiny ImageFolder tree.
+
+The suite is cut as the package is: tests/single/ runs in the test process itself, tests/parallel/
+starts real ranks (mpirun) or the commands as a user runs them, tests/cluster/ needs hosts made
+of network namespaces or a Slurm cluster (root), and tests/gpu/ needs a GPU."""
 
 import pytest
+from PIL import Image
 
-from hvdtrain.runner import launcher
-
-TESTS = Path(__file__).resolve().parent
-REPO = TESTS.parent
-
-
-def run_ranks(num_proc, function, *args, timeout=120, env=None, expect_success=True, hosts=None, extra_args=()):
-    """Run `function` (a module-level function of a test file) on `num_proc` real ranks under
-    mpirun (on `hosts`, default this machine), each rank with its share of this machine's
-    cores. A hang fails this test, not the suite."""
-    base = dict(os.environ)
-    base.update(env or {})
-    worker_env = launcher.worker_environment(num_proc, base)
-    program = [sys.executable, "-u", str(TESTS / "rank_main.py"), function.__code__.co_filename,
-               function.__name__, *map(str, args)]
-    command = launcher.mpirun_command(program, hosts=hosts, num_proc=num_proc, env=worker_env,
-                                      extra_args=extra_args)
-    where = f"{num_proc} ranks" if hosts is None else ",".join(f"{h.host}:{h.slots}" for h in hosts)
-    try:
-        result = launcher.run(command, env=worker_env, timeout=timeout, capture=True)
-    except subprocess.TimeoutExpired as expired:
-        pytest.fail(f"{function.__name__} on {where} did not finish in {timeout} s:\n{expired.output}")
-    if expect_success and result.returncode != 0:
-        pytest.fail(f"{function.__name__} on {where} failed (exit {result.returncode}):\n{result.stdout}")
-    return result
-
-
-def run_alone(function, *args, timeout=60, env=None):
-    """Run `function` as a plain `python script.py` process, without mpirun: a job of size 1."""
-    command = [sys.executable, "-u", str(TESTS / "rank_main.py"), function.__code__.co_filename, function.__name__,
-               *map(str, args)]
-    try:
-        result = launcher.run(command, env={**os.environ, **(env or {})}, timeout=timeout, capture=True)
-    except subprocess.TimeoutExpired as expired:
-        pytest.fail(f"{function.__name__} alone did not finish in {timeout} s:\n{expired.output}")
-    if result.returncode != 0:
-        pytest.fail(f"{function.__name__} alone failed (exit {result.returncode}):\n{result.stdout}")
-    return result
+from support.ranks import RankChecks, run_alone, run_ranks
 
 
 @pytest.fixture
@@ -53,3 +18,25 @@ def mpirun():
 @pytest.fixture
 def alone():
     return run_alone
+
+
+@pytest.fixture(scope="module")
+def ranks():
+    """This module's jobs of checks (support/ranks.py): each job of N ranks runs once for all
+    the tests that read its reports."""
+    return RankChecks()
+
+
+@pytest.fixture(scope="session")
+def image_tree(tmp_path_factory):
+    """A tiny ImageFolder tree: train/ and val/ with 3 classes of 12x12 RGB images whose colour
+    says the class."""
+    root = tmp_path_factory.mktemp("images")
+    colours = {"red": (200, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 200)}
+    for split, count in (("train", 8), ("val", 3)):
+        for name, colour in colours.items():
+            (root / split / name).mkdir(parents=True)
+            for i in range(count):
+                shade = tuple(min(255, c + 5 * i) for c in colour)
+                Image.new("RGB", (12 + i % 3, 12), shade).save(root / split / name / f"{i}.png")
+    return root

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hvdtrain.runner import launcher
+from hvdtrain.launch import mpirun as launcher
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 TIMEOUT = 240

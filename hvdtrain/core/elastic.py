@@ -2,7 +2,7 @@
 by restarts.
 
 Horovod changes a running job's members in place; an MPI job's members are fixed for its life.
-So under `hvdtrun --host-discovery-script ...` (runner/elastic_driver.py) a change of hosts, or a
+So under `hvdtrun --host-discovery-script ...` (hvdtrain/launch/hvdtrun/elastic.py) a change of hosts, or a
 failed rank, ends the job, and hvdtrun starts it again on the hosts there are, where the script
 goes on from its last commit without noticing:
 - `state.commit()` keeps the state in memory as Horovod's does, and rank 0 also sends it to
@@ -28,11 +28,10 @@ import socket
 import sys
 
 from .exceptions import HorovodInternalError, HostsUpdatedInterrupt
+from .exits import EXIT_COMMUNICATION, EXIT_HOSTS_UPDATED
 
 STORE_VARIABLE = "HVDTRAIN_ELASTIC_STORE"  # ADDRESS[,ADDRESS...]:PORT of hvdtrun's commit store
 HOSTS_VERSION_VARIABLE = "HVDTRAIN_ELASTIC_HOSTS_VERSION"  # the hosts' version this job started with
-EXIT_HOSTS_UPDATED = 76
-EXIT_COMMUNICATION = 75  # EX_TEMPFAIL: this rank's collectives failed (runner/supervisor.py reads it too)
 CONNECT_TIMEOUT_S = 30.0
 
 

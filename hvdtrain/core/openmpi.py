@@ -12,7 +12,7 @@ _USER_ALGORITHM_CHOICE = ("OMPI_MCA_coll_tuned_use_dynamic_rules", "OMPI_MCA_col
 
 def tune_environment(env=os.environ):
     # The engine thread shares cores with the training threads: Open MPI must not spin while
-    # it waits (see hvdtrain/runner/launcher.py, which sets it for the jobs it starts).
+    # it waits (see hvdtrain/launch/mpirun.py, which sets it for the jobs it starts).
     env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
     if not spans_hosts(env):
         return

@@ -1,7 +1,8 @@
 """A run's account of itself as it trains, the same for every framework's loop.
 
 Every rank times its steps and adds up their losses; every `train.log_every_steps` steps (and
-at the end of each epoch) the loss is averaged over the ranks and recorded. A loss may be a
+at the end of each epoch) the training loop averages the loss over the ranks and this records
+it. A loss may be a
 float or a framework's 0-d tensor, still on its device: the losses are added as they come and
 read (float()) only when recorded, as reading a GPU's tensor waits for the GPU to finish the
 steps queued before it, which every step would otherwise do. Rank 0 alone prints
@@ -14,23 +15,12 @@ each session's process start, and the part of it spent inside training steps.
 """
 
 import time
-from typing import NamedTuple
-
-import numpy as np
 
 from hvdtrain import core
-from hvdtrain.runner.plan import summary
-from hvdtrain.runner.supervisor import Heartbeat
 from hvdtrain.reporting.report import final_summary, write_report, write_results
 from hvdtrain.reporting.run_log import RunLog
-from hvdtrain.training import preemption
-
-
-class Agreed(NamedTuple):
-    """What the ranks agreed on after a step (Progress.step_done)."""
-    checkpoint: bool  # due by time
-    stop: bool  # preempted: checkpoint and stop
-    requeue: bool  # ... and requeue the Slurm job: some rank's notice was a requeue signal
+from hvdtrain.run.plan import summary
+from hvdtrain.run.run_dir import Heartbeat
 
 
 class Progress:
@@ -49,7 +39,6 @@ class Progress:
             self.log = RunLog(run_dir, plan.steps_per_epoch * plan.epochs, start["global_step"], core.size())
             self.heartbeat = Heartbeat(run_dir)
             self.heartbeat.beat(start["global_step"])
-        self.last_checkpoint = time.time()
         self.window_loss, self.window_seconds, self.window_steps = 0.0, 0.0, 0  # since the last record
         self.train_loss = None  # the last recorded one
 
@@ -61,44 +50,36 @@ class Progress:
         """The part of elapsed_s() spent inside training steps."""
         return self.train_seconds
 
-    def step_done(self, epoch, step, global_step, lr, loss, seconds):
-        """Step `step` of `epoch` (the run's `global_step`-th), trained at `lr`, took `seconds`
-        and had this rank's mean loss `loss` (a float, or a 0-d tensor read only if recorded).
-        Returns what the ranks agreed on in the recorded loss's allreduce, the same on every
-        rank: whether a checkpoint is due by time (train.checkpoint_every_s: rank 0's clock
-        decides), whether to stop for a preemption (any rank's notice, preemption.py) and whether
-        to requeue the job then (any rank's notice was a requeue signal: with scancel --signal,
-        Slurm signals the ranks of a job step and not the others)."""
+    def step_done(self, step, global_step, loss, seconds):
+        """Step `step` of its epoch (the run's `global_step`-th) took `seconds` and had this rank's
+        mean loss `loss` (a float, or a 0-d tensor read only if recorded). Returns this rank's mean
+        loss over the steps since the last record where this step is recorded (every
+        train.log_every_steps steps and at the end of each epoch: the caller averages it over the
+        ranks and hands it to `record`), else None."""
         self.window_loss, self.window_steps = self.window_loss + loss, self.window_steps + 1
         if self.log:
             self.log.advance()
             self.heartbeat.beat(global_step)
-        steps = self.plan.steps_per_epoch
-        recording = global_step % self.cfg.train.log_every_steps == 0 or step == steps - 1
+        recording = global_step % self.cfg.train.log_every_steps == 0 or step == self.plan.steps_per_epoch - 1
+        mean = None
         if recording:
             began = time.perf_counter()
             mean = float(self.window_loss) / self.window_steps
             seconds += time.perf_counter() - began  # the wait for the device's queued steps is theirs
         self.train_seconds += seconds
         self.window_seconds += seconds
-        if not recording:
-            return Agreed(checkpoint=False, stop=False, requeue=False)
-        every_s = self.cfg.train.checkpoint_every_s
-        due = bool(self.log and every_s and time.time() - self.last_checkpoint >= every_s)
-        notice = preemption.notice(self.run_dir if self.log else None)
-        requeue = bool(notice and notice.signal_name in preemption.requeue_signal_names(self.cfg.train.preempt_signal))
-        averaged = core.allreduce_async(np.array([mean, due, notice is not None, requeue]), name="train.loss",
-                                        op=core.ReduceOp.AVERAGE).wait()
-        self.train_loss = float(averaged[0])
+        return mean
+
+    def record(self, epoch, step, global_step, lr, loss):
+        """Record the loss averaged over the ranks for the steps up to `step` of `epoch`, trained at
+        `lr`, with their throughput."""
+        self.train_loss = loss
         if self.log:
+            steps = self.plan.steps_per_epoch
             self.log.record(event="train", step=global_step, epoch=epoch + (step + 1) / steps, lr=lr,
                             loss=self.train_loss,
                             samples_per_s=self.window_steps * self.plan.global_batch_size / self.window_seconds)
         self.window_loss, self.window_seconds, self.window_steps = 0.0, 0.0, 0
-        return Agreed(*(bool(flag > 0) for flag in averaged[1:]))
-
-    def checkpointed(self):
-        self.last_checkpoint = time.time()
 
     def preempted(self, global_step, notice):
         """Rank 0: the run stops early after `global_step`, checkpointed, on `notice` (this

@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 from hvdtrain.reporting.run_log import read_history
-from hvdtrain.runner.plan import warmup_text
-from hvdtrain.training.checkpoint import write_atomically
+from hvdtrain.run.plan import warmup_text
+from hvdtrain.run.run_dir import write_atomically
 
 
 def write_results(run_dir, cfg, plan, epochs_completed, metrics, samples_trained, wall_time_s, train_time_s):

@@ -17,7 +17,7 @@ from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.summary.writer.record_writer import RecordWriter
 from tqdm import tqdm
 
-from hvdtrain.runner.config import progress_bar_wanted
+from hvdtrain.run.job import progress_bar_wanted
 
 
 class RunLog:

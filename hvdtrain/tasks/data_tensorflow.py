@@ -1,6 +1,6 @@
-"""The data sources of the catalog (tasks/__init__.py) as TensorFlow input, images channels last.
+"""The data sources of the catalog (hvdtrain/run/config/data.py) as TensorFlow input, images channels last.
 
-A data set gives the batches of any list of sample indices (the shards of sharding.py, as in
+A data set gives the batches of any list of sample indices (the shards of hvdtrain/training/sharding.py, as in
 the PyTorch loop); training samples come with their augmentation seeds, which drive
 TensorFlow's stateless random ops, so that the same sample in the same epoch looks the same
 however the epoch is split into runs or ranks. An ImageFolder tree is listed in the order

@@ -1,8 +1,8 @@
-"""The data sources of the catalog (tasks/__init__.py), as PyTorch datasets.
+"""The data sources of the catalog (hvdtrain/run/config/data.py), as PyTorch datasets.
 
 A sample is asked for by a key (index, seed): the seed drives that sample's random augmentation,
 so the same sample in the same epoch looks the same however the epoch is split into runs, ranks
-or loader processes (see sharding.py).
+or loader processes (see hvdtrain/training/sharding.py).
 """
 
 import torch

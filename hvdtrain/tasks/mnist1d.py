@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hvdtrain.training.checkpoint import write_atomically
+from hvdtrain.run.run_dir import write_atomically
 
 # Measured on one core of a 2-core machine: 20,000 samples in 11 to 14 s; said before a long wait.
 SAMPLES_MADE_PER_SECOND = 1500

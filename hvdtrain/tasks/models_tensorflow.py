@@ -1,4 +1,4 @@
-"""The models of the catalog (tasks/__init__.py), built with Keras for TensorFlow.
+"""The models of the catalog (hvdtrain/run/config/model.py), built with Keras for TensorFlow.
 
 The image models are Keras applications without pretrained weights; the digits and MNIST-1D
 models have the layers of their PyTorch twins (models_torch.py), channels last, and their layers

@@ -1,4 +1,4 @@
-"""The models of the catalog (tasks/__init__.py), built for PyTorch."""
+"""The models of the catalog (hvdtrain/run/config/model.py), built for PyTorch."""
 
 import torch.nn as nn
 

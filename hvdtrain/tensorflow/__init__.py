@@ -1,7 +1,7 @@
 """Drop-in replacement for horovod.tensorflow (0.28) on TensorFlow 2: `import hvdtrain.tensorflow as hvd`.
 
 Eager mode and tf.function are both supported; TF1 graphs run by a Session are refused. `hvd.SyncBatchNormalization`
-and `hvdtrain.tensorflow.keras` (the same module as `hvdtrain.keras`) import Keras on first use.
+and `hvdtrain.tensorflow.keras` (also `hvdtrain.keras`) import Keras on first use.
 """
 
 from hvdtrain.core.horovod_api import *  # noqa: F401,F403 (Horovod's names shared by every framework)

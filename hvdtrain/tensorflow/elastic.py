@@ -11,7 +11,7 @@ from hvdtrain.core import rank
 from hvdtrain.core.elastic import State  # noqa: F401 (Horovod's name)
 
 from .collectives import broadcast_object, broadcast_variables
-from .gradients import optimizer_variables
+from .reduction import optimizer_variables
 
 
 run, ObjectState = _elastic.framework_api(broadcast_object, rank)

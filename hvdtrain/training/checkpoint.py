@@ -12,12 +12,12 @@ member tells a damaged file from a good one before any framework looks at it.
 import copy
 import io
 import json
-import os
 import warnings
 import zipfile
 from pathlib import Path
 
-from hvdtrain.runner.config import config_hash
+from hvdtrain.run.config import config_hash
+from hvdtrain.run.run_dir import write_atomically
 
 PATTERN = "step-*.ckpt"
 METADATA, STATE = "metadata.json", "state"
@@ -25,29 +25,6 @@ METADATA, STATE = "metadata.json", "state"
 
 def path_for(directory, global_step):
     return Path(directory) / f"step-{global_step:09d}.ckpt"
-
-
-def write_atomically(path, data):
-    """Write `data` to `path` so that a reader sees the old file or the whole new one, never a
-    part: a temporary file is written and synced, then renamed over `path`. The temporary file is
-    this process's own, so that processes writing the same file at once (two runs making one
-    data cache) do not write into each other's."""
-    path = Path(path)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(temporary, "wb") as file:
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)  # makes the rename itself durable
-    finally:
-        os.close(directory)
 
 
 def save(directory, metadata, state, keep):
@@ -123,11 +100,11 @@ def metadata(cfg, epoch, step, global_step, world_size, metrics, elapsed_s, trai
 def compatibility_hash(cfg):
     """What a checkpoint must agree on with the run that resumes from it: the config without
     train.epochs, which says only where training stops (resume=DIR train.epochs=N extends a run;
-    the LR schedule takes it as an argument, see lr_schedule.py), without train.device, which
-    says only where it trains (resume=DIR train.device=cpu goes on from a GPU's checkpoint), and
-    without how the global batch is divided between ranks, which changes when a restart leaves
-    out lost hosts (runner/supervisor.py; `_mismatch` compares the global batch). config_hash
-    leaves out the hosts and the supervision (cluster, fault) anyway."""
+    the LR schedule takes it as an argument), without train.device, which says only where it
+    trains (resume=DIR train.device=cpu goes on from a GPU's checkpoint), and without how the
+    global batch is divided between ranks, which changes when a restart leaves out lost hosts
+    (`_mismatch` compares the global batch). config_hash leaves out the hosts and the
+    supervision (cluster, fault) anyway."""
     unbounded = copy.deepcopy(cfg)
     unbounded.train.epochs = 0
     unbounded.train.device = "any"

@@ -27,15 +27,14 @@ import tensorflow as tf
 
 import hvdtrain.tensorflow as hvd
 from hvdtrain.training import loop, sharding
-from hvdtrain.runner.cluster import job_hosts
-from hvdtrain.runner.config import autocast_precision
-from hvdtrain.runner.plan import make_plan
+from hvdtrain.run.hosts import job_hosts
+from hvdtrain.run.plan import make_plan
 from hvdtrain.tasks.data_tensorflow import build_datasets
 from hvdtrain.tasks.models_tensorflow import build_model
 
 
 def train(cfg, run_dir, device):
-    """`device`: the devices.Device every rank agreed on (cpu, or cuda: the GPU of the local rank).
+    """`device`: the run.devices.Device every rank agreed on (cpu, or cuda: the GPU of the local rank).
     Images are channels last in TensorFlow already (train.channels_last changes nothing here)."""
     session_start = time.time()
     hvd.init()
@@ -45,8 +44,8 @@ def train(cfg, run_dir, device):
     _use_device(device.kind)
     tf.config.experimental.enable_op_determinism()
     keras.utils.set_random_seed(cfg.train.seed)
-    # bfloat16 needs no loss scaling, on the CPU or a GPU; fp16 is refused for this loop (config.py)
-    if autocast_precision(cfg, device.kind) == "bf16":
+    # bfloat16 needs no loss scaling, on the CPU or a GPU; fp16 is refused for this loop (run/config/train.py)
+    if cfg.train.autocast == "bf16":
         keras.mixed_precision.set_global_policy("mixed_bfloat16")
     train_set, val_set = build_datasets(cfg.data, cfg.model.num_classes, cfg.train.seed)
     plan = make_plan(cfg, job_hosts(), device, train_size=len(train_set))

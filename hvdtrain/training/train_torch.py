@@ -21,19 +21,18 @@ from torch.utils.data import DataLoader
 import hvdtrain.torch as hvd
 from hvdtrain.training import loop, sharding
 from hvdtrain.training.lars import LARS
-from hvdtrain.runner.cluster import job_hosts
-from hvdtrain.runner.config import autocast_precision
-from hvdtrain.runner.plan import make_plan
+from hvdtrain.run.hosts import job_hosts
+from hvdtrain.run.plan import make_plan
 from hvdtrain.tasks.data_torch import build_datasets
 from hvdtrain.tasks.models_torch import build_model
 
 
 def train(cfg, run_dir, device):
-    """`device`: the devices.Device every rank agreed on (cpu, or cuda: the GPU of the local rank)."""
+    """`device`: the run.devices.Device every rank agreed on (cpu, or cuda: the GPU of the local rank)."""
     session_start = time.time()
     hvd.init()
     target = _use_device(device.kind, cfg.train.cudnn_benchmark)
-    precision = autocast_precision(cfg, target.type)
+    precision = cfg.train.autocast
     torch.manual_seed(cfg.train.seed)
     train_set, val_set = build_datasets(cfg.data, cfg.model.num_classes, cfg.train.seed)
     plan = make_plan(cfg, job_hosts(), device, train_size=len(train_set))
@@ -46,7 +45,7 @@ def train(cfg, run_dir, device):
     optimizer = hvd.DistributedOptimizer(build_optimizer(model, cfg.optimizer, plan.base_lr),
                                          named_parameters=model.named_parameters(),
                                          backward_passes_per_step=passes, op=hvd.Average)
-    scaler = torch.amp.GradScaler(target.type, enabled=precision == "fp16")  # fp16 is CUDA's only (devices.py)
+    scaler = torch.amp.GradScaler(target.type, enabled=precision == "fp16")  # fp16 is CUDA's only (run/devices.py)
     train_batches = EpochBatches(cfg.train.batch_size)
     train_loader = _loader(train_set, train_batches, cfg.data.loader_workers, target)
 
@@ -238,7 +237,7 @@ def _use_device(kind, cudnn_benchmark):
 
 
 def autocast_context(device, precision):
-    """The forward pass's precision: "none", "bf16" or "fp16" (config.autocast_precision)."""
+    """The forward pass's precision: "none", "bf16" or "fp16" (train.autocast)."""
     if precision == "none":
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)

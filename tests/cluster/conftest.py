@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from hvdtrain.runner import launcher
+from hvdtrain.launch import mpirun as launcher
+from hvdtrain.run.hosts import Host
 from netns_cluster import AGENT, missing_requirements, netns_cluster as make_netns_cluster
 from slurm_cluster import missing_requirements as missing_slurm_requirements, slurm_cluster
 
@@ -45,7 +46,7 @@ def cluster_mpirun(netns_cluster, mpirun):
     host by host); all hosts share this machine's cores."""
 
     def run(slots, function, *args, **options):
-        hosts = [launcher.Host(host.address, count) for host, count in zip(netns_cluster.hosts, slots)]
+        hosts = [Host(host.address, count) for host, count in zip(netns_cluster.hosts, slots)]
         return mpirun(sum(slots), function, *args, hosts=hosts, extra_args=netns_cluster.mpirun_args(), **options)
 
     return run

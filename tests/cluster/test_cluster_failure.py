@@ -41,7 +41,7 @@ def test_a_lost_host_is_left_out_and_the_run_goes_on_with_the_same_global_batch(
     never lost a host does."""
     # here, not at the top: the ranks of the other test load this file without the tests' path
     from netns_cluster import ip
-    from runner.support import processes_mentioning, results_of, run_hvdtrain, wait_until
+    from support.commands import processes_mentioning, results_of, run_hvdtrain, wait_until
 
     settings = ["train.batch_size=32", "train.backward_passes_per_step=2", "train.log_every_steps=2",
                 "train.checkpoint_every_s=0.000001", "fault.restart_wait_s=0.5"]
@@ -49,7 +49,7 @@ def test_a_lost_host_is_left_out_and_the_run_goes_on_with_the_same_global_batch(
     mpirun_args = ",".join(f"'{arg}'" for arg in netns_cluster.mpirun_args())
     run_dir, lost = tmp_path / "run", netns_cluster.hosts[2]
     with open(tmp_path / "run.log", "w+") as log:
-        process = subprocess.Popen([sys.executable, "-m", "hvdtrain.runner.cli", "cluster=3x1", f"cluster.hosts=[{hosts}]",
+        process = subprocess.Popen([sys.executable, "-m", "hvdtrain.launch.cli", "cluster=3x1", f"cluster.hosts=[{hosts}]",
                                     f"cluster.mpirun_args=[{mpirun_args}]", "fault.min_hosts=2", *settings,
                                     f"hydra.run.dir={run_dir}"], stdout=log, stderr=subprocess.STDOUT, text=True)
         try:

@@ -14,7 +14,7 @@ import sys
 import pytest
 from omegaconf import OmegaConf
 
-from runner.support import wait_until
+from support.commands import wait_until
 
 HVDTRAIN = os.path.join(os.path.dirname(sys.executable), "hvdtrain")
 # The digits recipe on 2 nodes; a checkpoint at every logged step (every 5), for the preemptions

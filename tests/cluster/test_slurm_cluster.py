@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 
-from runner.support import processes_mentioning, wait_until
+from support.commands import processes_mentioning, wait_until
 from slurm_cluster import missing_requirements, slurm_cluster
 
 PYTHON = sys.executable

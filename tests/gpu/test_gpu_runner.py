@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hvdtrain.reporting.run_log import read_history
-from runner.support import newest_checkpoint, results_of, run_hvdtrain
+from support.commands import newest_checkpoint, results_of, run_hvdtrain
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="needs a CUDA GPU (torch.cuda.is_available() is False)")

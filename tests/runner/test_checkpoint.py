@@ -4,7 +4,7 @@ import os
 import pytest
 
 from hvdtrain.training import checkpoint
-from runner.support import compose
+from support.configs import compose
 
 
 def decode(data):

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from hvdtrain.runner.config import RECIPES_DIR
+from hvdtrain.launch.compose import RECIPES_DIR
 
-from runner.support import run_hvdtrain
+from support.commands import run_hvdtrain
 
 OPTIMIZER_KEYS = ("name, base_lr, base_batch_size, momentum, nesterov, weight_decay, exclude_from_weight_decay, "
                   "momentum_correction, trust_coefficient, exclude_from_adaptation")
@@ -28,7 +28,7 @@ ONE_LINE_ERRORS = {
     "not an integer": (["train.epochs=abc"], "train.epochs='abc': must be an integer"),
     "not a boolean": (["train.channels_last=maybe"], "train.channels_last='maybe': must be true or false"),
     "not an autocast mode": (["train.autocast=fp32"],
-                             "train.autocast='fp32': allowed: none, bf16, fp16 (true/false kept for older configs)"),
+                             "train.autocast='fp32': allowed: none, bf16, fp16"),
     "not a list": (["optimizer.exclude_from_weight_decay=bn"],
                    "optimizer.exclude_from_weight_decay='bn': must be a list of strings, written [x,y,...]"),
     "a section set to a value": (["train=3"], f"train=3: is a section; set its keys instead: {TRAIN_KEYS}"),

@@ -3,11 +3,12 @@ import socket
 import pytest
 from omegaconf import OmegaConf
 
-from hvdtrain.runner import cluster
-from hvdtrain.runner.config import ClusterConfig, ConfigError
-from hvdtrain.runner.launcher import Host
+from hvdtrain.run import hosts as cluster, job
+from hvdtrain.run.config import ConfigError
+from hvdtrain.run.config.cluster import ClusterConfig
+from hvdtrain.run.hosts import Host
 
-from runner.support import compose
+from support.configs import compose
 
 
 def layout(name, num_hosts, slots, **values):
@@ -58,7 +59,7 @@ def test_hosts_given_with_the_local_layout_are_used(tmp_path):
 
 @pytest.mark.parametrize("contents,message", [
     ("n1 slots=4\nn2 slotz=4\n",
-     "line 2: unexpected field 'slotz=4'; a host line is 'name', 'name slots=N' or 'name:N'"),
+     "line 2: unexpected field 'slotz=4'; a line is NAME, NAME:SLOTS or NAME slots=SLOTS"),
     ("n1 slots=4 max_slots=8\n", "line 1: unexpected field 'max_slots=8'"),
     ("# hosts\n\nn1 slots=four\n", "line 3: 'n1:four' is not a host"),
 ])
@@ -67,7 +68,7 @@ def test_a_hostfile_line_that_cannot_be_read_is_refused_with_its_file_and_line(c
     hostfile.write_text(contents)
     with pytest.raises(ConfigError) as error:
         cluster.resolve_hosts(layout("2x4", 2, 4, hostfile=str(hostfile)), env={})
-    assert str(error.value).startswith(f"invalid config: cluster.hostfile={hostfile} {message}")
+    assert str(error.value).startswith(f"invalid config: cluster.hostfile={str(hostfile)!r} {message}")
 
 
 def test_a_hostfile_is_never_ignored(tmp_path):
@@ -93,9 +94,9 @@ def test_cuda_is_checked_where_the_ranks_run_here():
 
 
 def test_an_existing_job_is_recognised():
-    assert cluster.inside_existing_job({"OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_RANK": "1"})
-    assert cluster.inside_existing_job({"PMI_RANK": "0", "PMI_SIZE": "2"})
-    assert cluster.inside_existing_job({"SLURM_STEP_ID": "0", "SLURM_PROCID": "3", "SLURM_STEP_NUM_TASKS": "8"})
-    assert not cluster.inside_existing_job({"SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "1"})
-    assert not cluster.inside_existing_job({"SLURM_JOB_ID": "7", "SLURM_PROCID": "0"})  # a batch script
-    assert not cluster.inside_existing_job({})
+    assert job.inside_existing_job({"OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_RANK": "1"})
+    assert job.inside_existing_job({"PMI_RANK": "0", "PMI_SIZE": "2"})
+    assert job.inside_existing_job({"SLURM_STEP_ID": "0", "SLURM_PROCID": "3", "SLURM_STEP_NUM_TASKS": "8"})
+    assert not job.inside_existing_job({"SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "1"})
+    assert not job.inside_existing_job({"SLURM_JOB_ID": "7", "SLURM_PROCID": "0"})  # a batch script
+    assert not job.inside_existing_job({})

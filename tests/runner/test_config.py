@@ -8,12 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from hvdtrain.runner import cli, cluster
-from hvdtrain.runner.config import FRAMEWORKS, RECIPES_DIR, ConfigError, progress_bar_wanted, validate
-from hvdtrain.runner.devices import CPU
-from hvdtrain.runner.plan import make_plan
+from hvdtrain.launch import cli
+from hvdtrain.run import hosts as cluster
+from hvdtrain.launch.compose import RECIPES_DIR
+from hvdtrain.run.config import ConfigError, validate
+from hvdtrain.run.config.recipe import FRAMEWORKS
+from hvdtrain.run.job import progress_bar_wanted
+from hvdtrain.run.devices import CPU
+from hvdtrain.run.plan import make_plan
 
-from runner.support import compose, run_hvdtrain
+from support.commands import run_hvdtrain
+from support.configs import compose
 
 RECIPES = sorted(path.stem for path in RECIPES_DIR.glob("*.yaml"))
 CLUSTERS = {"local": [], "1x8": [], "4x4": ["cluster.hosts=[h1,h2,h3,h4]"]}
@@ -93,7 +98,7 @@ def test_dry_run_of_resnet101_on_4x4_prints_the_plan():
     }
     assert command[0].endswith("mpirun") and command[command.index("-np") + 1] == "16"
     assert command[command.index("-H") + 1] == "h1:4,h2:4,h3:4,h4:4"
-    assert command[-3:-1] == ["-m", "hvdtrain.runner.worker"]
+    assert command[-3:-1] == ["-m", "hvdtrain.training.worker"]
 
 
 def test_dry_run_without_hosts_names_placeholders_and_a_real_launch_still_needs_them(tmp_path):

@@ -8,12 +8,15 @@ import sys
 
 import pytest
 
-from hvdtrain.runner import cli, devices, launcher
-from hvdtrain.runner.config import ConfigError, claim_run_dir, validate
-from hvdtrain.runner.devices import Device
-from hvdtrain.runner.launcher import Host
+from hvdtrain.launch import cli, mpirun as launcher
+from hvdtrain.run import devices
+from hvdtrain.run.config import ConfigError, validate
+from hvdtrain.run.run_dir import claim_run_dir
+from hvdtrain.run.devices import Device
+from hvdtrain.run.hosts import Host
 
-from runner.support import compose, run_hvdtrain
+from support.commands import run_hvdtrain
+from support.configs import compose
 
 HERE = [Host("localhost", 2)]
 ELSEWHERE = [Host("gpu01", 4), Host("gpu02", 4)]
@@ -71,7 +74,7 @@ def test_hosts_other_than_this_machine_decide_at_start(monkeypatch):
 
 
 def test_the_summary_says_the_device_and_why():
-    from hvdtrain.runner.plan import make_plan, summary
+    from hvdtrain.run.plan import make_plan, summary
 
     cfg = compose()
     plan = make_plan(cfg, HERE, devices.choose("auto", 2, 1, "torch", "this machine"))
@@ -151,7 +154,7 @@ def test_a_job_the_command_could_not_check_is_refused_by_its_ranks_in_one_line(t
     """Inside an mpirun job (as on hosts the `hvdtrain` command cannot see) the ranks check their
     devices together: each says nothing but rank 0's line, and none prints a traceback."""
     environment = {**launcher.worker_environment(2), "CUDA_VISIBLE_DEVICES": ""}
-    program = [sys.executable, "-m", "hvdtrain.runner.cli", "train.device=cuda", f"hydra.run.dir={tmp_path / 'run'}"]
+    program = [sys.executable, "-m", "hvdtrain.launch.cli", "train.device=cuda", f"hydra.run.dir={tmp_path / 'run'}"]
     result = launcher.run(launcher.mpirun_command(program, num_proc=2, env=environment), env=environment,
                           timeout=TIMEOUT, capture=True)
     assert result.returncode != 0
@@ -172,7 +175,7 @@ CONFIG_PROBLEMS = {
                                  "train.channels_last=True: applies to image models (resnet50, resnet101, resnet152, "
                                  "vgg16, inception_v3), not digits_mlp"),
     "an integer for autocast": (["train.autocast=1"],
-                                "train.autocast=1: allowed: none, bf16, fp16 (true/false kept for older configs)"),
+                                "train.autocast='1': allowed: none, bf16, fp16"),
 }
 
 
@@ -185,8 +188,7 @@ def test_precision_and_layout_settings_that_cannot_run_are_refused(case):
 
 
 @pytest.mark.parametrize("overrides", [
-    ["train.autocast=bf16", "train.device=cpu"], ["train.autocast=true", "train.device=cpu"],
-    ["train.autocast=false"], ["train.autocast=fp16", "train.device=cuda"],
+    ["train.autocast=bf16", "train.device=cpu"], ["train.autocast=fp16", "train.device=cuda"],
     ["recipe=synthetic", "train.channels_last=true"], ["recipe=synthetic", "train.channels_last=true",
                                                        "recipe.framework=tensorflow", "train.autocast=bf16"],
 ])
@@ -194,28 +196,22 @@ def test_precision_and_layout_settings_that_can_run_pass(overrides):
     validate(compose(*overrides))
 
 
-@pytest.mark.parametrize("setting,framework,device,precision", [
-    ("none", "torch", "cuda", "none"), ("bf16", "torch", "cuda", "bf16"), ("fp16", "torch", "cuda", "fp16"),
-    # the boolean of older configs keeps its meaning: fp16 on CUDA, bf16 on the CPU; bf16 for tensorflow
-    (True, "torch", "cuda", "fp16"), (True, "torch", "cpu", "bf16"), (True, "tensorflow", "cuda", "bf16"),
-    (False, "torch", "cuda", "none"),
-])
-def test_autocast_settings_mean_one_precision(setting, framework, device, precision):
-    from hvdtrain.runner.config import autocast_precision
-
-    cfg = compose(f"recipe.framework={framework}")
-    cfg.train.autocast = setting
-    assert autocast_precision(cfg, device) == precision
+@pytest.mark.parametrize("setting", ["true", "false"])
+def test_autocast_takes_a_precision_not_a_boolean(setting):
+    with pytest.raises(ConfigError, match=f"^invalid config: train.autocast='{setting.title()}': allowed: none, bf16, "
+                                          f"fp16$"):
+        validate(compose(f"train.autocast={setting}"))
 
 
-def test_an_older_config_with_a_boolean_autocast_still_loads(tmp_path):
-    from hvdtrain.runner.config import load_run_config
+def test_a_saved_config_with_a_boolean_autocast_is_refused_by_name(tmp_path):
+    from hvdtrain.run.run_dir import load_run_config
 
     cfg = compose()
     claim_run_dir(cfg, tmp_path)
     text = (tmp_path / "config.yaml").read_text()
     (tmp_path / "config.yaml").write_text(text.replace("autocast: none", "autocast: false"))
-    assert load_run_config(tmp_path / "config.yaml").train.autocast is False
+    with pytest.raises(ConfigError, match="train.autocast='False': allowed: none, bf16, fp16"):
+        validate(load_run_config(tmp_path / "config.yaml"))
 
 
 @pytest.fixture

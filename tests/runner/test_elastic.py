@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from runner.support import wait_until
+from support.commands import wait_until
 
 TIMEOUT = 180
 STEPS, GLOBAL_BATCH, COMMIT_EVERY = 60, 12, 5
@@ -84,7 +84,7 @@ def start_hvdtrun(tmp_path, hosts_file, kill_at=0, script_text=SCRIPT):
     discover.chmod(0o755)
     progress = tmp_path / "progress.txt"
     log = open(tmp_path / "hvdtrun.log", "w+")
-    process = subprocess.Popen([sys.executable, "-m", "hvdtrain.runner.hvdtrun", "--min-np", "2", "--max-np", "3",
+    process = subprocess.Popen([sys.executable, "-m", "hvdtrain.launch.hvdtrun.command", "--min-np", "2", "--max-np", "3",
                                 "--host-discovery-script", str(discover), "--reset-limit", "3",
                                 sys.executable, str(script), str(progress), str(kill_at)],
                                stdout=log, stderr=subprocess.STDOUT, text=True)

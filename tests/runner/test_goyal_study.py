@@ -12,7 +12,7 @@ import pytest
 
 from hvdtrain.reporting.run_log import read_history
 
-from runner.support import run_command
+from support.commands import run_command
 
 STUDY = Path(__file__).resolve().parents[2] / "scripts" / "goyal_study.py"
 BASE_LR, BASE_KN, STEPS = 0.0125, 32, 12  # the recipe's eta for kn = 32; 768 training samples / 64

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from hvdtrain.core import horovod_api
-from hvdtrain.runner import hvdtrun
-from runner.support import processes_mentioning, run_command, wait_until
+from hvdtrain.launch.hvdtrun import command as hvdtrun
+from support.commands import processes_mentioning, run_command, wait_until
 
 HVDTRUN = os.path.join(os.path.dirname(sys.executable), "hvdtrun")  # the console script pip installed
 
@@ -211,11 +211,13 @@ def test_horovodrun_flags_that_hvdtrun_takes_need_no_change():
 
 
 def test_the_start_timeout_comes_from_the_flag_then_horovods_variable_then_30_s():
-    assert hvdtrun.start_timeout_s(hvdtrun.Options(start_timeout=5), {"HOROVOD_START_TIMEOUT": "7"}) == 5
-    assert hvdtrun.start_timeout_s(hvdtrun.Options(), {"HOROVOD_START_TIMEOUT": "7"}) == 7
-    assert hvdtrun.start_timeout_s(hvdtrun.Options(), {}) == 30
+    given, default = (hvdtrun.parse_command_line([*flags, "python", "train.py"])
+                      for flags in (["-np", "2", "--start-timeout", "5"], ["-np", "2"]))
+    assert hvdtrun.start_timeout_s(given, {"HOROVOD_START_TIMEOUT": "7"}) == 5
+    assert hvdtrun.start_timeout_s(default, {"HOROVOD_START_TIMEOUT": "7"}) == 7
+    assert hvdtrun.start_timeout_s(default, {}) == 30
     with pytest.raises(hvdtrun.UsageError, match="HOROVOD_START_TIMEOUT='soon'"):
-        hvdtrun.start_timeout_s(hvdtrun.Options(), {"HOROVOD_START_TIMEOUT": "soon"})
+        hvdtrun.start_timeout_s(default, {"HOROVOD_START_TIMEOUT": "soon"})
 
 
 def test_check_build_shows_this_install_in_horovodruns_layout():
@@ -236,7 +238,7 @@ def test_check_build_shows_this_install_in_horovodruns_layout():
 
 
 def test_check_build_imports_no_framework():
-    probe = ("import sys; from hvdtrain.runner import hvdtrun; hvdtrun.check_build_report(); "
+    probe = ("import sys; from hvdtrain.launch.hvdtrun import command as hvdtrun; hvdtrun.check_build_report(); "
              "print(sorted({'torch', 'tensorflow'} & set(sys.modules)))")
     result = run_command([sys.executable, "-c", probe], timeout=60)
     assert result.stdout.strip() == "[]", result.stderr

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from hvdtrain.runner.config import typed
+from hvdtrain.run.config import typed
 from hvdtrain.training.lars import LARS
 from hvdtrain.training.train_torch import build_optimizer, _set_learning_rate
 

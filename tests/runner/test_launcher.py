@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from hvdtrain.runner import launcher
-from runner.support import wait_until
+from hvdtrain.launch import mpirun as launcher
+from support.commands import wait_until
 
 PRINT_SESSION = "import os; print(os.getppid(), os.environ['PMIX_SERVER_TMPDIR'])"
 

@@ -3,8 +3,8 @@ import math
 import pytest
 from omegaconf import OmegaConf
 
-from hvdtrain.runner.config import ScheduleConfig
-from hvdtrain.training.lr_schedule import learning_rate
+from hvdtrain.run.config.schedule import ScheduleConfig
+from hvdtrain.run.config.schedule import learning_rate
 
 
 def schedule(**values):

@@ -8,10 +8,10 @@ import io
 import numpy as np
 import pytest
 
-from hvdtrain.runner.config import typed
+from hvdtrain.run.config import typed
 from hvdtrain.tasks import mnist1d
 
-from runner.support import results_of, run_hvdtrain
+from support.commands import results_of, run_hvdtrain
 
 SAMPLES = 200  # made in a tenth of a second
 
@@ -169,7 +169,7 @@ def test_the_keras_models_are_the_papers_and_take_the_tensorflow_data(alone, tmp
 def test_the_mnist1d_recipe_trains_with_lars_and_reports(tmp_path):
     import torch
 
-    from runner.support import newest_checkpoint
+    from support.commands import newest_checkpoint
 
     run_dir, cache_dir = tmp_path / "run", tmp_path / "cache"
     result = run_hvdtrain("recipe=mnist1d", "optimizer=lars", "data.num_samples=1000", f"data.cache_dir={cache_dir}",
@@ -192,14 +192,14 @@ def test_the_mnist1d_recipe_trains_with_lars_and_reports(tmp_path):
 def test_the_plan_knows_the_training_samples_before_the_data_is_made():
     from mnist1d.data import get_dataset_args
 
-    from hvdtrain import tasks
-    from hvdtrain.runner import cluster
-    from hvdtrain.runner.config import ConfigError
-    from hvdtrain.runner.devices import CPU
-    from hvdtrain.runner.plan import make_plan
-    from runner.support import compose
+    from hvdtrain.run import hosts as cluster
+    from hvdtrain.run.config.data import MNIST1D_TRAIN_SPLIT
+    from hvdtrain.run.config import ConfigError
+    from hvdtrain.run.devices import CPU
+    from hvdtrain.run.plan import make_plan
+    from support.configs import compose
 
-    assert tasks.MNIST1D_TRAIN_SPLIT == get_dataset_args().train_split  # the package's split, kept
+    assert MNIST1D_TRAIN_SPLIT == get_dataset_args().train_split  # the package's split, kept
     cfg = compose("recipe=mnist1d", "dry_run=true")
     plan = make_plan(cfg, cluster.resolve_hosts(cfg.cluster), CPU)
     assert plan.steps_per_epoch == (4000 // 2) // 32  # 80 % of the paper's 5,000 samples, 2 ranks x 32

@@ -6,11 +6,12 @@ import json
 
 import pytest
 
-from hvdtrain.runner import scaling
-from hvdtrain.runner.config import ConfigError, validate
-from hvdtrain.runner.prediction import predict, profile_path
+from hvdtrain.scaling import step_time as scaling
+from hvdtrain.run.config import ConfigError, validate
+from hvdtrain.scaling.prediction import predict, profile_path
 
-from runner.support import compose, run_hvdtrain
+from support.commands import run_hvdtrain
+from support.configs import compose
 
 
 def plans(result):

@@ -6,7 +6,7 @@ import re
 import pytest
 from omegaconf import OmegaConf
 
-from hvdtrain.runner.config import RECIPES_DIR
+from hvdtrain.launch.compose import RECIPES_DIR
 
 RECIPES = sorted(RECIPES_DIR.glob("*.yaml"))
 

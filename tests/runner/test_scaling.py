@@ -6,7 +6,7 @@ import random
 import pytest
 
 from hvdtrain.core.settings import Settings
-from hvdtrain.runner.scaling import (Link, Network, Overlap, Workload, allreduce_s, efficiency, fit_link, fused_buffers,
+from hvdtrain.scaling.step_time import (Link, Network, Overlap, Workload, allreduce_s, efficiency, fit_link, fused_buffers,
                                      ring_allreduce_s, samples_per_s, segments, step_s)
 
 GIGABYTE = 10**9

@@ -7,9 +7,10 @@ import signal
 import stat
 import sys
 
-from hvdtrain.runner import slurm
-from hvdtrain.training import preemption
-from runner.support import run_hvdtrain
+from hvdtrain.launch import slurm
+from hvdtrain.run import preemption
+from hvdtrain.training import fault_tolerance
+from support.commands import run_hvdtrain
 
 DIGITS = ("recipe=digits", "train.epochs=1")
 
@@ -52,12 +53,12 @@ def fake_scontrol(tmp_path, status):
 def test_rank_0_requeues_its_job_with_scontrol_and_says_so(tmp_path, monkeypatch, capsys):
     for name, value in fake_scontrol(tmp_path, 0).items():
         monkeypatch.setenv(name, value)
-    slurm.requeue_job()
+    fault_tolerance.requeue_job()
     assert (tmp_path / "calls").read_text() == "requeue 4711\n"
     assert capsys.readouterr().out == "hvdtrain: requeued Slurm job 4711; it resumes from this checkpoint\n"
 
     monkeypatch.setenv("PATH", fake_scontrol(tmp_path, 1)["PATH"])
-    slurm.requeue_job()
+    fault_tolerance.requeue_job()
     assert capsys.readouterr().err == ("hvdtrain: could not requeue Slurm job 4711 (scontrol requeue: Job is not "
                                        "requeueable); continue it with a job that runs `hvdtrain resume=RUN_DIR`\n")
 
@@ -94,7 +95,7 @@ def test_launcher_slurm_dry_run_prints_the_batch_script(tmp_path):
         "#SBATCH --qos=high",
         "",
         f"cd {tmp_path}",
-        f"exec {os.path.abspath(sys.executable)} -m hvdtrain.runner.cli resume={run_dir}",
+        f"exec {os.path.abspath(sys.executable)} -m hvdtrain.launch.cli resume={run_dir}",
     ]
     assert not run_dir.exists()  # a dry run leaves nothing behind
 

@@ -17,11 +17,15 @@ import pytest
 from omegaconf import OmegaConf
 
 from hvdtrain.core.exceptions import HorovodInternalError, TensorMismatchError
-from hvdtrain.runner import supervisor
-from hvdtrain.runner.config import ConfigError
-from hvdtrain.runner.launcher import Host
+from hvdtrain.core import exits
+from hvdtrain.launch import supervisor
+from hvdtrain.run import job
+from hvdtrain.run import run_dir as run_dir_files
+from hvdtrain.run.config import ConfigError
+from hvdtrain.run.hosts import Host
 from hvdtrain.training import checkpoint
-from runner.support import compose, history, newest_checkpoint, processes_mentioning, results_of, wait_until
+from support.commands import history, newest_checkpoint, processes_mentioning, results_of, wait_until
+from support.configs import compose
 
 TIMEOUT = 240
 # digits on 2 local ranks, 4 epochs of 22 steps; a checkpoint at every logged step (5, 10, ...),
@@ -55,7 +59,7 @@ def training_history(run_dir):
 
 def rank_pid(run_dir, rank):
     """The pid of rank `rank` of the job training into run_dir."""
-    for pid in processes_mentioning(f"hvdtrain.runner.worker\0{run_dir}"):
+    for pid in processes_mentioning(f"hvdtrain.training.worker\0{run_dir}"):
         try:
             environment = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         except OSError:
@@ -75,7 +79,7 @@ def running(pid):
 
 def start_hvdtrain(run_dir, *args, env=None):
     log = open(run_dir.parent / f"{run_dir.name}.log", "a+")
-    process = subprocess.Popen([sys.executable, "-m", "hvdtrain.runner.cli", *args, f"hydra.run.dir={run_dir}"],
+    process = subprocess.Popen([sys.executable, "-m", "hvdtrain.launch.cli", *args, f"hydra.run.dir={run_dir}"],
                                stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
     return process, log
 
@@ -122,7 +126,7 @@ def test_checkpoints_come_by_time_at_logged_steps(uninterrupted):
     steps = sorted(int(path.stem[5:]) for path in (uninterrupted / "checkpoints").glob("step-*.ckpt"))
     assert steps == sorted(set(range(5, 88, 5)) | {22, 44, 66, 88})
     assert results_of(uninterrupted)["restarts"] == []
-    assert not (uninterrupted / supervisor.HEARTBEAT).exists()
+    assert not (uninterrupted / run_dir_files.HEARTBEAT).exists()
 
 
 def test_a_rank_killed_by_sigkill_is_restarted_and_ends_as_an_uninterrupted_run(uninterrupted, tmp_path):
@@ -164,7 +168,7 @@ def test_a_preempted_run_stops_with_a_checkpoint_and_resumes_to_the_uninterrupte
     run_dir = tmp_path / "run"
     env = {**os.environ, "SLURM_JOB_ID": slurm_job} if slurm_job else None
     status, output, _ = interrupt_after_a_checkpoint(run_dir, rank=rank, sent=sent, env=env)
-    assert status == supervisor.EXIT_PREEMPTED, output
+    assert status == exits.EXIT_PREEMPTED, output
     [preempted] = [record for record in history(run_dir) if record["event"] == "preempted"]
     assert preempted["signal"] == ("another rank's" if rank else signal.Signals(sent).name)
     assert newest_checkpoint(run_dir, torch_state)["global_step"] == preempted["step"] > 30
@@ -182,7 +186,7 @@ def test_a_preempted_run_stops_with_a_checkpoint_and_resumes_to_the_uninterrupte
 def test_ctrl_c_stops_the_whole_job_without_a_restart(tmp_path):
     run_dir = tmp_path / "run"
     process, log = start_hvdtrain(run_dir, *RUN, "train.epochs=200")
-    wait_until(lambda: rank_pid(run_dir, 0) and rank_pid(run_dir, 1) and (run_dir / supervisor.HEARTBEAT).exists(),
+    wait_until(lambda: rank_pid(run_dir, 0) and rank_pid(run_dir, 1) and (run_dir / run_dir_files.HEARTBEAT).exists(),
                120, "the ranks to train")
     ranks = [rank_pid(run_dir, 0), rank_pid(run_dir, 1)]
     process.send_signal(signal.SIGINT)
@@ -199,7 +203,7 @@ def test_an_error_on_the_ranks_is_not_restarted(image_tree, tmp_path):
     process, log = start_hvdtrain(run_dir, "recipe=resnet50_imagenet", "cluster=local", f"data.root={image_tree}",
                                   "model.num_classes=5", "data.image_size=32", "data.resize_size=32")
     status, output = finish(process, log, run_dir)
-    assert status == supervisor.EXIT_RANK_ERROR, output
+    assert status == exits.EXIT_RANK_ERROR, output
     assert "failed: ValueError: data.root=" in output
     assert ("a rank raised an error that a restart would meet again, so the job is not restarted; their errors are "
             f"above. Continue from the last checkpoint with: hvdtrain resume={run_dir}") in output
@@ -224,7 +228,7 @@ def supervise(command, run_dir, *overrides):
 
 @pytest.mark.parametrize("status, reason", [
     (137, "a rank was killed by SIGKILL (mpirun exit status 137)"),
-    (supervisor.EXIT_COMMUNICATION, "a rank's collectives failed: a peer went away or stalled (exit status 75)"),
+    (exits.EXIT_COMMUNICATION, "a rank's collectives failed: a peer went away or stalled (exit status 75)"),
     (1, "the workers failed (mpirun exit status 1)"),
 ])
 def test_failures_a_restart_can_fix_are_restarted_up_to_the_limit(tmp_path, capsys, status, reason):
@@ -237,7 +241,7 @@ def test_failures_a_restart_can_fix_are_restarted_up_to_the_limit(tmp_path, caps
             f"Continue from the last checkpoint with: hvdtrain resume={tmp_path}") in err
 
 
-@pytest.mark.parametrize("status", [supervisor.EXIT_CONFIG, supervisor.EXIT_RANK_ERROR])
+@pytest.mark.parametrize("status", [exits.EXIT_CONFIG, exits.EXIT_RANK_ERROR])
 def test_failures_a_restart_would_meet_again_are_not_restarted(tmp_path, capsys, status):
     assert supervise(job_exiting(status), tmp_path) == status
     assert not history(tmp_path)
@@ -258,7 +262,7 @@ def test_the_steps_lost_are_those_since_the_newest_checkpoint(tmp_path):
     metadata = checkpoint.metadata(compose(), epoch=1, step=3, global_step=25, world_size=2, metrics={},
                                    elapsed_s=1.0, train_s=0.5)
     checkpoint.save(tmp_path / "checkpoints", metadata, b"state", keep=3)
-    heartbeat = supervisor.Heartbeat(tmp_path)
+    heartbeat = run_dir_files.Heartbeat(tmp_path)
     heartbeat.beat(31)
     restart = supervisor.record_restart(tmp_path, 1, "a test", [Host("a", 2), Host("b", 2)], [Host("a", 2)])
     assert (restart.step, restart.steps_lost) == (25, 6)
@@ -279,18 +283,18 @@ def test_ranks_exit_with_a_status_that_says_whether_a_restart_can_help():
         except BaseException as final:
             return final
 
-    assert supervisor.exit_status(raised(HorovodInternalError("peer gone"))) == supervisor.EXIT_COMMUNICATION
-    assert supervisor.exit_status(raised(RuntimeError("in a hook"), HorovodInternalError("x"))) == 75
-    assert supervisor.exit_status(raised(TensorMismatchError("shapes differ"))) == supervisor.EXIT_RANK_ERROR
-    assert supervisor.exit_status(raised(ValueError("bad data"))) == supervisor.EXIT_RANK_ERROR
-    assert supervisor.exit_status(raised(RuntimeError("UnknownError: HorovodInternalError: x"))) == 75
+    assert exits.exit_status(raised(HorovodInternalError("peer gone"))) == exits.EXIT_COMMUNICATION
+    assert exits.exit_status(raised(RuntimeError("in a hook"), HorovodInternalError("x"))) == 75
+    assert exits.exit_status(raised(TensorMismatchError("shapes differ"))) == exits.EXIT_RANK_ERROR
+    assert exits.exit_status(raised(ValueError("bad data"))) == exits.EXIT_RANK_ERROR
+    assert exits.exit_status(raised(RuntimeError("UnknownError: HorovodInternalError: x"))) == 75
 
 
 def test_only_jobs_hvdtrain_launched_are_supervised():
-    assert supervisor.supervised({})
-    assert not supervisor.supervised({"OMPI_COMM_WORLD_SIZE": "2"})  # the user's own mpirun
-    assert supervisor.supervised({"OMPI_COMM_WORLD_SIZE": "2", supervisor.SUPERVISED: "1"})
-    assert not supervisor.supervised({"SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "4"})
+    assert job.supervised({})
+    assert not job.supervised({"OMPI_COMM_WORLD_SIZE": "2"})  # the user's own mpirun
+    assert job.supervised({"OMPI_COMM_WORLD_SIZE": "2", job.SUPERVISED: "1"})
+    assert not job.supervised({"SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "4"})
     assert supervisor.worker_settings(compose("fault.stall_shutdown_s=90").fault) == {
         "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "90", "HOROVOD_STALL_CHECK_TIME_SECONDS": "60"}
     assert supervisor.worker_settings(compose("fault.stall_shutdown_s=0").fault) == {}

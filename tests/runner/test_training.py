@@ -10,11 +10,10 @@ import sys
 
 import pytest
 
-from hvdtrain.runner import launcher
+from hvdtrain.launch import mpirun as launcher
 from hvdtrain.reporting.report import throughput
 from hvdtrain.reporting.run_log import read_history
-from runner.support import (assert_the_figures_divide, crash_and_resume, history, newest_checkpoint, results_of,
-                            run_hvdtrain, start_and_kill)
+from support.commands import assert_the_figures_divide, crash_and_resume, history, newest_checkpoint, results_of, run_hvdtrain, start_and_kill
 
 TIMEOUT = 240
 
@@ -206,7 +205,7 @@ def test_extending_to_no_more_epochs_than_done_is_refused_with_the_numbers(exten
 def test_an_imagefolder_recipe_trains_inside_an_existing_mpirun_job(image_tree, tmp_path):
     run_dir = tmp_path / "run"
     environment = launcher.worker_environment(2)
-    program = [sys.executable, "-m", "hvdtrain.runner.cli", "recipe=resnet50_imagenet", f"data.root={image_tree}",
+    program = [sys.executable, "-m", "hvdtrain.launch.cli", "recipe=resnet50_imagenet", f"data.root={image_tree}",
                "model.num_classes=3", "data.image_size=32", "data.resize_size=36", "data.loader_workers=1",
                "train.batch_size=4", "train.epochs=1", "schedule.warmup_epochs=1", f"hydra.run.dir={run_dir}"]
     result = launcher.run(launcher.mpirun_command(program, num_proc=2, env=environment), env=environment,
@@ -224,7 +223,7 @@ def test_an_imagefolder_recipe_trains_inside_an_existing_mpirun_job(image_tree, 
 
 def test_a_bad_progress_bar_setting_inside_an_existing_mpirun_job_stops_it_cleanly(tmp_path):
     environment = {**launcher.worker_environment(2), "HVDTRAIN_PROGRESS_BAR": "maybe"}
-    program = [sys.executable, "-m", "hvdtrain.runner.cli", f"hydra.run.dir={tmp_path / 'run'}"]
+    program = [sys.executable, "-m", "hvdtrain.launch.cli", f"hydra.run.dir={tmp_path / 'run'}"]
     result = launcher.run(launcher.mpirun_command(program, num_proc=2, env=environment), env=environment,
                           timeout=TIMEOUT, capture=True)
     assert result.returncode != 0
@@ -248,7 +247,7 @@ def ranks_validation_sums_are_exact():
     import torch.nn.functional as F
 
     import hvdtrain.torch as hvd
-    from hvdtrain.runner.config import typed
+    from hvdtrain.run.config import typed
     from hvdtrain.tasks.data_torch import build_datasets
     from hvdtrain.tasks.models_torch import build_model
     from hvdtrain.training.train_torch import ToDevice, evaluate

@@ -14,10 +14,9 @@ import numpy as np
 import pytest
 
 from hvdtrain.reporting.run_log import read_history
-from hvdtrain.runner import launcher
+from hvdtrain.launch import mpirun as launcher
 from hvdtrain.reporting.report import throughput
-from runner.support import (assert_the_figures_divide, crash_and_resume, history, newest_checkpoint, results_of,
-                            run_hvdtrain)
+from support.commands import assert_the_figures_divide, crash_and_resume, history, newest_checkpoint, results_of, run_hvdtrain
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -108,7 +107,7 @@ def ranks_the_loop_keeps_the_torch_semantics(image_root):
     import tensorflow as tf
 
     import hvdtrain.tensorflow as hvd
-    from hvdtrain.runner.config import typed
+    from hvdtrain.run.config import typed
     from hvdtrain.tasks.data import IMAGENET_MEAN, IMAGENET_STD
     from hvdtrain.tasks.data_tensorflow import _crop_and_flip, build_datasets
     from hvdtrain.tasks.models_tensorflow import build_model
@@ -232,7 +231,7 @@ def test_the_synthetic_benchmark_runs_with_tensorflow():
 
 
 @pytest.mark.parametrize("imports,absent", [
-    ("import hvdtrain.runner.cli, hvdtrain.runner.plan, hvdtrain.runner.worker, hvdtrain.reporting.report, hvdtrain.reporting.run_log", ("torch", "tensorflow")),
+    ("import hvdtrain.launch.cli, hvdtrain.run.plan, hvdtrain.training.worker, hvdtrain.reporting.report, hvdtrain.reporting.run_log", ("torch", "tensorflow")),
     ("import hvdtrain.training.loop", ("torch", "tensorflow")),
     ("import hvdtrain.training.train_torch", ("tensorflow", "keras")),
     ("import hvdtrain.training.train_tensorflow", ("torch",)),

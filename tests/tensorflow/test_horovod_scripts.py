@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hvdtrain.runner import launcher
+from hvdtrain.launch import mpirun as launcher
 
 SCRIPTS = Path(__file__).parent / "scripts"
 IMPORT_LINES = {"horovod_tf2_digits.py": "import hvdtrain.tensorflow as hvd",

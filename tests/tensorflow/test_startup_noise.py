@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 NOISE = ("absl::InitializeLog", "cudart_stub", "cuInit", "cpu_feature_guard")
-SCRIPT = ("from hvdtrain.training.tensorflow_startup import import_tensorflow\n"
+SCRIPT = ("from hvdtrain.run.tensorflow_startup import import_tensorflow\n"
           "tf = import_tensorflow()\n"
           "print(int(tf.reduce_sum(tf.ones(3))))\n")
 

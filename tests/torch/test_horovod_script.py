@@ -4,7 +4,7 @@ import re
 import sys
 from pathlib import Path
 
-from hvdtrain.runner import launcher
+from hvdtrain.launch import mpirun as launcher
 
 SCRIPT = Path(__file__).parent / "scripts" / "horovod_digits.py"
 

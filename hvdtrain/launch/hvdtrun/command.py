@@ -1,0 +1,540 @@
+"""The `hvdtrun` command: Horovod 0.28's `horovodrun` for hvdtrain, so that a Horovod script
+(its import line changed to hvdtrain) starts as it did:
+
+    hvdtrun -np 4 -H node1:2,node2:2 python train.py --epochs 10
+
+It reads horovodrun's command line with horovodrun's flags, argument groups, short forms and
+defaults (argparse, as horovodrun does), and starts the job with mpirun through the launcher the
+`hvdtrain` command uses (hvdtrain/launch/mpirun.py): each rank gets its share of its host's cores
+for its threads, Open MPI yields instead of spinning, mpirun runs in a session of its own and
+Ctrl-C stops the whole job.
+
+- `-np/--num-proc N` ranks on `-H/--hosts` or `-hostfile/--hostfile` hosts (the grammar of
+  hvdtrain/run/hosts.py: `NAME:SLOTS`; a hostfile's lines `NAME slots=SLOTS`, `NAME:SLOTS` or
+  `NAME`; a name without slots has one), else on this machine; more ranks than the hosts' slots
+  are refused.
+- The tuning flags become the HOROVOD_* variables the ranks' engine reads
+  (hvdtrain/core/settings.py), as horovodrun sets them: --fusion-threshold-mb (MiB, into
+  bytes), --cycle-time-ms, --cache-capacity, --timeline-filename, --timeline-mark-cycles,
+  --no-stall-check, --stall-check-warning-time-seconds, --stall-check-shutdown-time-seconds,
+  --log-level.
+- `--mpi-args "..."` is split as a shell would and given to mpirun.
+- `--network-interface(s) NAME[,NAME]` becomes Open MPI's btl_tcp_if_include (the ranks'
+  traffic) and oob_tcp_if_include (its daemons' traffic), and NCCL_SOCKET_IFNAME, as horovodrun
+  sets it for NCCL.
+- `--start-timeout S` (else HOROVOD_START_TIMEOUT, else 30 s, horovodrun's default) bounds the
+  time from launch until every rank has started. Neither mpirun nor the engine can bound it
+  (tried with Open MPI 5.0.11: --spawn-timeout does not cover the start of mpirun's daemons on
+  the hosts, and MPI's initialization, where the ranks first meet, waits for every rank without
+  a limit, pmix_base_exchange_timeout notwithstanding), so hvdtrun keeps it itself: each rank
+  first runs rank_start.py, which reports to a socket of hvdtrun's and then executes the
+  command in its place. A job whose ranks have not all reported in time is stopped, naming the
+  missing ranks (exit status 1).
+- `--host-discovery-script S` and the elastic flags run a Horovod Elastic script (elastic.py).
+- `--check-build` shows what this install has, in horovodrun's layout.
+
+Every other horovodrun flag is refused by name with the reason, as are unknown ones: one line
+on stderr and exit status 2. Otherwise hvdtrun exits with the job's status (130 after Ctrl-C).
+"""
+
+import argparse
+import copy
+import difflib
+import fcntl
+import importlib.util
+import os
+import shlex
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+from hvdtrain import __version__
+from hvdtrain.core.exits import EXIT_CONFIG
+from hvdtrain.launch import mpirun
+from hvdtrain.launch.hvdtrun import elastic
+from hvdtrain.run.hosts import Host, HostsError, all_on_this_machine, parse_hosts, read_hostfile
+
+DEFAULT_START_TIMEOUT_S = 30  # horovodrun's
+DEFAULT_ELASTIC_TIMEOUT_S = 600  # horovodrun's
+START_TIMEOUT_VARIABLE = "HOROVOD_START_TIMEOUT"
+LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")  # horovodrun's --log-level choices
+SIOCGIFADDR = 0x8915  # Linux ioctl: an interface's IPv4 address
+
+AUTOTUNE = "hvdtrain does not autotune; set --fusion-threshold-mb and --cycle-time-ms yourself"
+GLOO = "hvdtrain has no Gloo controller; it runs on MPI"
+LOG_TIME = "HOROVOD_LOG_HIDE_TIME is not implemented by hvdtrain"
+SSH = "give mpirun's ssh options with --mpi-args (--mca plm_ssh_args '...')"
+HIERARCHICAL = "hvdtrain's engine has no hierarchical {}"
+MPI_THREADS = "hvdtrain's engine always runs MPI with thread support"
+TIMESTAMP = "give Open MPI's --timestamp-output with --mpi-args"
+# horovodrun 0.28's flags that hvdtrun does not take, by horovodrun's argument group, each with
+# why: refused by name rather than ignored, since a job that silently runs without what it asked
+# for misleads more than one that does not start. (Their list is checked against Horovod's
+# launch.py by the tests.)
+REFUSED = {
+    None: {("--disable-cache",): "hvdtrun makes no start-up checks to cache",
+           ("--output-filename",): "the ranks' output comes on hvdtrun's stdout and stderr; redirect those",
+           ("--config-file",): "hvdtrun reads no config file; give the flags on the command line"},
+    "SSH arguments": {("-p", "--ssh-port"): SSH, ("-i", "--ssh-identity-file"): SSH},
+    "tuneable parameter arguments": {
+        ("--hierarchical-allreduce",): HIERARCHICAL.format("allreduce"),
+        ("--no-hierarchical-allreduce",): HIERARCHICAL.format("allreduce"),
+        ("--hierarchical-allgather",): HIERARCHICAL.format("allgather"),
+        ("--no-hierarchical-allgather",): HIERARCHICAL.format("allgather"),
+        ("--torus-allreduce",): "hvdtrain's engine has no torus allreduce",
+        ("--no-torus-allreduce",): "hvdtrain's engine has no torus allreduce"},
+    "autotune arguments": {(flag,): AUTOTUNE for flag in (
+        "--autotune", "--no-autotune", "--autotune-log-file", "--autotune-warmup-samples",
+        "--autotune-steps-per-sample", "--autotune-bayes-opt-max-samples", "--autotune-gaussian-process-noise")},
+    "elastic arguments": {("--blacklist-cooldown-range",):
+                          "hvdtrun does not blacklist hosts: a host the discovery script lists is used"},
+    "library arguments": {
+        ("--mpi-threads-disable",): MPI_THREADS, ("--no-mpi-threads-disable",): MPI_THREADS,
+        ("--tcp",): "choose Open MPI's transports with --mpi-args (e.g. --mca btl self,tcp)",
+        ("--binding-args",): "hvdtrun starts the ranks unbound (--bind-to none), as horovodrun does with Open MPI",
+        ("--num-nccl-streams",): "HOROVOD_NUM_NCCL_STREAMS is not implemented by hvdtrain",
+        ("--thread-affinity",): "HOROVOD_THREAD_AFFINITY is not implemented by hvdtrain",
+        ("--gloo-timeout-seconds",): GLOO},
+    "logging arguments": {
+        **{(flag,): LOG_TIME for flag in ("--log-with-timestamp", "--log-without-timestamp", "--log-hide-timestamp",
+                                          "--no-log-hide-timestamp")},
+        ("-prefix-timestamp", "--prefix-output-with-timestamp"): TIMESTAMP},
+    "controller arguments": {("--gloo",): GLOO, ("--mpi",): "hvdtrun always runs on MPI; drop the flag",
+                             ("--jsrun",): "hvdtrun launches with mpirun only"},
+}
+# The elastic flags' destinations, by the name a refusal gives them.
+ELASTIC_FLAGS = {"min_np": "--min-np", "max_np": "--max-np", "slots_per_host": "--slots-per-host",
+                 "reset_limit": "--reset-limit", "elastic_timeout": "--elastic-timeout"}
+
+
+class UsageError(Exception):
+    """A command line hvdtrun refuses: one line, exit status 2."""
+
+
+def positive_int(text):
+    return _number(text, int, lambda value: value >= 1, "a whole number of 1 or more")
+
+
+def non_negative_int(text):
+    return _number(text, int, lambda value: value >= 0, "a whole number of 0 or more")
+
+
+def non_negative_float(text):
+    return _number(text, float, lambda value: value >= 0, "a number of 0 or more")  # refuses nan too
+
+
+def _number(text, kind, allowed, described):
+    try:
+        value = kind(text)
+    except ValueError:
+        value = None
+    if value is None or not allowed(value):
+        raise argparse.ArgumentTypeError(f"{text!r}: must be {described}")
+    return value
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a refused command line is a UsageError, for one line and exit status 2."""
+
+    def error(self, message):
+        raise UsageError(message)
+
+
+class _Refused(argparse.Action):
+    """A horovodrun flag hvdtrun does not take: refused with the reason, whatever value follows."""
+
+    def __init__(self, option_strings, dest, reason, **kwargs):
+        super().__init__(option_strings, dest, nargs="*", help=argparse.SUPPRESS, **kwargs)
+        self.reason = reason
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        raise UsageError(f"{option_string} is not supported by hvdtrun ({self.reason})")
+
+
+class _Interfaces(argparse.Action):
+    """--network-interface(s): given several times, or as a list, all of them, each once."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        chosen = getattr(namespace, self.dest)
+        chosen += [nic for nic in values.split(",") if nic and nic not in chosen]
+
+
+def build_parser():
+    parser = _Parser(prog="hvdtrun", description="Runs COMMAND on -np ranks with mpirun, as Horovod's horovodrun "
+                                                 "does.",
+                     epilog="Other horovodrun flags are refused, each with the reason.")
+    parser.add_argument("-v", "--version", action="version", version=f"hvdtrun (hvdtrain {__version__})")
+    parser.add_argument("-np", "--num-proc", dest="num_proc", type=positive_int, help="ranks to start")
+    parser.add_argument("-cb", "--check-build", action="store_true", help="show what this install supports")
+    parser.add_argument("--start-timeout", type=positive_int,
+                        help=f"seconds until every rank has started ({START_TIMEOUT_VARIABLE}, else "
+                             f"{DEFAULT_START_TIMEOUT_S})")
+    parser.add_argument("--network-interfaces", "--network-interface", dest="network_interfaces", default=[],
+                        action=_Interfaces, help="interfaces for MPI's and NCCL's traffic, NAME[,NAME]")
+    parser.add_argument("--verbose", action="store_true",
+                        help="show the mpirun command and when all ranks have started")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="the command every rank runs")
+    groups = {None: parser}
+
+    def group(title):
+        if title not in groups:
+            groups[title] = parser.add_argument_group(title)
+        return groups[title]
+
+    tuning = group("tuneable parameter arguments")
+    tuning.add_argument("--fusion-threshold-mb", type=non_negative_int, help="HOROVOD_FUSION_THRESHOLD, in MiB")
+    tuning.add_argument("--cycle-time-ms", type=non_negative_float, help="HOROVOD_CYCLE_TIME")
+    tuning.add_argument("--cache-capacity", type=non_negative_int, help="HOROVOD_CACHE_CAPACITY")
+    flexible = group("elastic arguments")
+    flexible.add_argument("--min-np", "--min-num-proc", dest="min_np", type=positive_int,
+                          help="the fewest ranks to run on (default -np)")
+    flexible.add_argument("--max-np", "--max-num-proc", dest="max_np", type=positive_int, help="the most ranks")
+    flexible.add_argument("--slots-per-host", type=positive_int,
+                          help="slots of a host the discovery script prints without them (default 1)")
+    flexible.add_argument("--elastic-timeout", type=positive_int,
+                          help=f"the longest wait for --min-np slots (default {DEFAULT_ELASTIC_TIMEOUT_S} s)")
+    flexible.add_argument("--reset-limit", type=non_negative_int, help="the most restarts")
+    timeline = group("timeline arguments")
+    timeline.add_argument("--timeline-filename", help="HOROVOD_TIMELINE")
+    timeline.add_argument("--timeline-mark-cycles", action="store_const", const=True, help="HOROVOD_TIMELINE_MARK_CYCLES")
+    # The negations are horovodrun's too (hidden from its help): they state its defaults explicitly.
+    timeline.add_argument("--no-timeline-mark-cycles", dest="timeline_mark_cycles", action="store_const", const=False,
+                          help=argparse.SUPPRESS)
+    stall = group("stall check arguments")
+    stall.add_argument("--no-stall-check", action="store_const", const=True, help="HOROVOD_STALL_CHECK_DISABLE")
+    stall.add_argument("--stall-check", dest="no_stall_check", action="store_const", const=False,
+                       help=argparse.SUPPRESS)
+    stall.add_argument("--stall-check-warning-time-seconds", type=non_negative_int,
+                       help="HOROVOD_STALL_CHECK_TIME_SECONDS")
+    stall.add_argument("--stall-check-shutdown-time-seconds", type=non_negative_int,
+                       help="HOROVOD_STALL_SHUTDOWN_TIME_SECONDS")
+    group("library arguments").add_argument("--mpi-args", help="more mpirun arguments, split as a shell would")
+    group("logging arguments").add_argument("--log-level", type=str.upper, choices=LOG_LEVELS,
+                                            help="HOROVOD_LOG_LEVEL")
+    hosts = group("host arguments")
+    hosts.add_argument("-H", "--hosts", help="hosts and their slots, NAME:SLOTS,... (default: localhost:N)")
+    hosts.add_argument("-hostfile", "--hostfile", help="a file of hosts, a line NAME slots=SLOTS")
+    hosts.add_argument("--host-discovery-script",
+                       help="an elastic job's hosts: a program printing HOST or HOST:SLOTS a line")
+    for title, flags in REFUSED.items():
+        for option_strings, reason in flags.items():
+            group(title).add_argument(*option_strings, action=_Refused, reason=reason,
+                                      dest=option_strings[-1].lstrip("-").replace("-", "_"))
+    return parser
+
+
+def parse_command_line(argv):
+    """hvdtrun's options, horovodrun's names: flags up to the command (after `--` too), the
+    command from there on. UsageError names what cannot be taken."""
+    parser = build_parser()
+    options, unknown = parser.parse_known_args(argv)
+    if unknown:
+        known = [flag for action in parser._actions for flag in action.option_strings
+                 if action.help != argparse.SUPPRESS]
+        nearest = difflib.get_close_matches(unknown[0], known, n=1)
+        hint = f"; did you mean {nearest[0]}?" if nearest else "; hvdtrun --help lists the flags"
+        raise UsageError(f"unknown flag {unknown[0]}{hint}")
+    if options.command[:1] == ["--"]:
+        options.command = options.command[1:]
+    if options.check_build:
+        return options
+    given = [flag for name, flag in ELASTIC_FLAGS.items() if getattr(options, name) is not None]
+    if options.host_discovery_script is None:
+        if given:
+            raise UsageError(f"{given[0]} is for elastic jobs: it needs --host-discovery-script")
+    elif options.hosts or options.hostfile:
+        raise UsageError("-H/--hosts and --hostfile name fixed hosts; an elastic job's come from "
+                         "--host-discovery-script")
+    elif options.min_np and options.max_np and options.min_np > options.max_np:
+        raise UsageError(f"--min-np {options.min_np} is more than --max-np {options.max_np}")
+    if options.num_proc is None and options.host_discovery_script is None:
+        raise UsageError("-np/--num-proc is required: the number of ranks to start")
+    if not options.command:
+        raise UsageError("no command to run (e.g. hvdtrun -np 2 python train.py)")
+    if options.hosts and options.hostfile:
+        raise UsageError("-H/--hosts and --hostfile both name hosts; give one of them")
+    if options.timeline_mark_cycles and not options.timeline_filename:
+        raise UsageError("--timeline-mark-cycles marks cycles on the timeline: it needs --timeline-filename")
+    return options
+
+
+def job_hosts(options):
+    """The hosts the job runs on, refused where their slots cannot take -np ranks. A host named
+    without slots has one, as with mpirun's -H."""
+    try:
+        if options.hosts:
+            named, given = parse_hosts(options.hosts, f"-H {options.hosts}"), f"-H {options.hosts}"
+        elif options.hostfile:
+            named = read_hostfile(options.hostfile, f"--hostfile {options.hostfile}")
+            given = None
+        else:
+            return [Host("localhost", options.num_proc)]
+    except HostsError as error:
+        raise UsageError(str(error)) from None
+    hosts = [Host(name, slots or 1) for name, slots in named]
+    given = given or f"--hostfile {options.hostfile} ({','.join(f'{h.host}:{h.slots}' for h in hosts)})"
+    slots = sum(host.slots for host in hosts)
+    if options.num_proc > slots:
+        raise UsageError(f"-np {options.num_proc} asks for {options.num_proc} ranks but {given} "
+                         f"offers only {slots} slots")
+    return hosts
+
+
+def busiest_host_ranks(hosts, num_proc):
+    """How many ranks the fullest host gets when mpirun fills the hosts slot by slot."""
+    counts, left = [], num_proc
+    for host in hosts:
+        counts.append(min(host.slots, left))
+        left -= counts[-1]
+    return max(counts)
+
+
+def start_timeout_s(options, env):
+    if options.start_timeout is not None:
+        return options.start_timeout
+    raw = env.get(START_TIMEOUT_VARIABLE, "").strip()
+    if not raw:
+        return DEFAULT_START_TIMEOUT_S
+    try:
+        return positive_int(raw)
+    except argparse.ArgumentTypeError as error:
+        raise UsageError(f"{START_TIMEOUT_VARIABLE}={error} (seconds)") from None
+
+
+def engine_variables(options):
+    """The HOROVOD_* variables the tuning flags set, with horovodrun's names and units."""
+    given = {
+        "HOROVOD_FUSION_THRESHOLD": None if options.fusion_threshold_mb is None
+        else options.fusion_threshold_mb * 1024 * 1024,
+        "HOROVOD_CYCLE_TIME": options.cycle_time_ms,
+        "HOROVOD_CACHE_CAPACITY": options.cache_capacity,
+        "HOROVOD_TIMELINE": options.timeline_filename,
+        "HOROVOD_TIMELINE_MARK_CYCLES": options.timeline_mark_cycles,
+        "HOROVOD_STALL_CHECK_DISABLE": options.no_stall_check,
+        "HOROVOD_STALL_CHECK_TIME_SECONDS": options.stall_check_warning_time_seconds,
+        "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": options.stall_check_shutdown_time_seconds,
+        "HOROVOD_LOG_LEVEL": options.log_level,
+    }
+    return {name: str(int(value)) if isinstance(value, bool) else str(value)
+            for name, value in given.items() if value is not None}
+
+
+def rank_environment(options, hosts):
+    env = mpirun.worker_environment(busiest_host_ranks(hosts, options.num_proc))
+    # The start timeout is hvdtrun's to keep; on the ranks the engine would report it as a
+    # Horovod variable it ignores.
+    env.pop(START_TIMEOUT_VARIABLE, None)
+    env.update(engine_variables(options))
+    if options.network_interfaces:
+        env["NCCL_SOCKET_IFNAME"] = ",".join(options.network_interfaces)
+    return env
+
+
+def mpirun_extra_args(options):
+    args = []
+    if options.network_interfaces:
+        interfaces = ",".join(options.network_interfaces)
+        args += ["--mca", "btl_tcp_if_include", interfaces, "--mca", "oob_tcp_if_include", interfaces]
+    try:
+        return args + shlex.split(options.mpi_args or "")
+    except ValueError as error:
+        raise UsageError(f"--mpi-args {options.mpi_args!r}: {error}") from None
+
+
+def interface_addresses(names):
+    """The IPv4 addresses of this machine's interfaces (only those in `names`, if any), loopback
+    left out: where ranks on other hosts may reach hvdtrun."""
+    addresses = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        for _, name in socket.if_nameindex():
+            if names and name not in names:
+                continue
+            try:
+                request = fcntl.ioctl(probe.fileno(), SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+            except OSError:
+                continue  # the interface has no IPv4 address
+            address = socket.inet_ntoa(request[20:24])
+            if not address.startswith("127."):
+                addresses.append(address)
+    return addresses
+
+
+@dataclass
+class StartWatch:
+    """hvdtrun's side of the start timeout: the socket the ranks report to, the addresses they
+    may reach it at, and what came of it."""
+    listener: socket.socket
+    addresses: List[str]
+    world_size: int
+    timeout_s: int
+    verbose: bool
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    job_ended: bool = False
+    missing: Optional[List[int]] = None  # the ranks that had not started when time ran out
+
+
+def open_start_watch(options, hosts, timeout_s):
+    """A StartWatch listening on this machine's loopback when every rank runs here, else on all
+    its interfaces."""
+    if all_on_this_machine(hosts):
+        listener, addresses = socket.create_server(("127.0.0.1", 0)), ["127.0.0.1"]
+    else:
+        # The interfaces named for MPI's traffic where this machine has them; under other names
+        # here (a bridge to the other hosts' eth0, say), any of its interfaces.
+        addresses = interface_addresses(options.network_interfaces) or interface_addresses([])
+        if not addresses:
+            raise UsageError("this machine has no IPv4 address but loopback, where ranks on other hosts "
+                             "could report that they have started")
+        listener = socket.create_server(("", 0))
+    return StartWatch(listener, addresses, options.num_proc, timeout_s, options.verbose)
+
+
+def watch_start(watch, main_thread_id):
+    """Collects the ranks' reports; when time runs out first, stops the job as Ctrl-C does
+    (mpirun.run stops all of it on KeyboardInterrupt)."""
+    started_at = time.monotonic()
+    deadline = started_at + watch.timeout_s
+    started = set()
+    while len(started) < watch.world_size:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        watch.listener.settimeout(remaining)
+        try:
+            connection, _ = watch.listener.accept()
+        except socket.timeout:
+            break
+        except OSError:
+            return  # the listener was closed: the job has ended
+        with connection:
+            connection.settimeout(remaining)
+            try:
+                started.add(int(connection.recv(64).decode()))
+            except (OSError, ValueError):
+                pass  # not a rank's report
+    if len(started) == watch.world_size:
+        if watch.verbose:
+            print(f"hvdtrun: all {watch.world_size} ranks started in {time.monotonic() - started_at:.1f} s",
+                  file=sys.stderr, flush=True)
+        return
+    with watch.lock:
+        if not watch.job_ended:
+            watch.missing = sorted(set(range(watch.world_size)) - started)
+            signal.pthread_kill(main_thread_id, signal.SIGINT)
+
+
+def describe_ranks(ranks, shown=8):
+    listed = ", ".join(map(str, ranks[:shown]))
+    return listed + (f" and {len(ranks) - shown} more" if len(ranks) > shown else "")
+
+
+def launch(options, hosts, extra_args, watch):
+    """Runs the job; returns hvdtrun's exit status."""
+    env = rank_environment(options, hosts)
+    program = [sys.executable, "-m", "hvdtrain.launch.hvdtrun.rank_start", ",".join(watch.addresses),
+               str(watch.listener.getsockname()[1]), "--", *options.command]
+    command = mpirun.mpirun_command(program, hosts, num_proc=options.num_proc, env=env, extra_args=extra_args)
+    if options.verbose:
+        print(f"hvdtrun: starting {options.num_proc} ranks: {shlex.join(command)}", file=sys.stderr, flush=True)
+    # A scheduler's SIGTERM stops the ranks too, and so does SIGINT (the start timeout's too) where
+    # the shell started us in the background, which leaves SIGINT ignored
+    for stop_signal in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(stop_signal, signal.default_int_handler)
+    threading.Thread(target=watch_start, args=(watch, threading.get_ident()), daemon=True).start()
+    try:
+        result = mpirun.run(command, env=env)
+        with watch.lock:
+            watch.job_ended = True
+    except KeyboardInterrupt:
+        if watch.missing:
+            print(f"hvdtrun: {len(watch.missing)} of {options.num_proc} ranks had not started after "
+                  f"{watch.timeout_s} s (rank {describe_ranks(watch.missing)}); the job was stopped. Check that "
+                  f"the hosts can be reached, or give more time with --start-timeout", file=sys.stderr)
+            return 1
+        print("hvdtrun: interrupted; the job was stopped", file=sys.stderr)
+        return 130
+    # mpirun killed by a signal: the status a shell would report
+    return result.returncode if result.returncode >= 0 else 128 - result.returncode
+
+
+def check_build_report():
+    """What this install supports, in horovodrun --check-build's layout."""
+    from hvdtrain.core import horovod_api  # the engine's own answers; imports neither framework
+
+    def mark(available):
+        return "X" if available else " "
+
+    def framework(module):
+        return importlib.util.find_spec(module) is not None
+
+    # hvdtrain has adapters for TensorFlow and PyTorch only: MXNet is never available.
+    return "\n".join([
+        f"hvdtrain v{__version__}:",
+        "",
+        "Available Frameworks:",
+        f"    [{mark(framework('tensorflow'))}] TensorFlow",
+        f"    [{mark(framework('torch'))}] PyTorch",
+        "    [ ] MXNet",
+        "",
+        "Available Controllers:",
+        f"    [{mark(horovod_api.mpi_built())}] MPI",
+        f"    [{mark(horovod_api.gloo_built())}] Gloo",
+        "",
+        "Available Tensor Operations:",
+        f"    [{mark(horovod_api.nccl_built())}] NCCL",
+        f"    [{mark(horovod_api.ddl_built())}] DDL",
+        f"    [{mark(horovod_api.ccl_built())}] CCL",
+        f"    [{mark(horovod_api.mpi_built())}] MPI",
+        f"    [{mark(horovod_api.gloo_built())}] Gloo",
+    ])
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        options = parse_command_line(argv)
+        if options.check_build:
+            print(check_build_report())
+            sys.exit(0)
+        extra_args = mpirun_extra_args(options)
+        timeout_s = start_timeout_s(options, os.environ)
+        if options.host_discovery_script is not None:
+            sys.exit(run_elastically(options, extra_args, timeout_s))
+        hosts = job_hosts(options)
+        watch = open_start_watch(options, hosts, timeout_s)
+    except UsageError as error:
+        print(f"hvdtrun: {error}", file=sys.stderr)
+        sys.exit(EXIT_CONFIG)
+    with watch.listener:
+        sys.exit(launch(options, hosts, extra_args, watch))
+
+
+def run_elastically(options, extra_args, timeout_s):
+    """The elastic mode (elastic.py): each start of the job is one `launch`, of the ranks the
+    hosts found then can take."""
+    settings = elastic.ElasticOptions(
+        discovery_script=options.host_discovery_script,
+        min_np=options.min_np or options.num_proc or 1,
+        max_np=options.max_np,
+        slots_per_host=options.slots_per_host or 1,
+        reset_limit=options.reset_limit,
+        elastic_timeout_s=options.elastic_timeout or DEFAULT_ELASTIC_TIMEOUT_S)
+
+    def start_job(num_proc, hosts):
+        job_options = copy.copy(options)
+        job_options.num_proc = num_proc
+        watch = open_start_watch(job_options, hosts, timeout_s)
+        with watch.listener:
+            return launch(job_options, hosts, extra_args, watch)
+
+    addresses = interface_addresses(options.network_interfaces) or interface_addresses([])
+    return elastic.run_elastic(settings, start_job, addresses)
+
+
+if __name__ == "__main__":
+    main()

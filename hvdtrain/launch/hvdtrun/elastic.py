@@ -1,0 +1,187 @@
+"""hvdtrun's elastic mode: `hvdtrun --host-discovery-script S [--min-np N] [--max-np M] ...`.
+
+MPI cannot change a running job's members, so hvdtrun keeps a Horovod Elastic script going by
+starting its job again (the script's side: hvdtrain/core/elastic.py):
+- hvdtrun runs the discovery script (a host a line, `HOST` or `HOST:SLOTS` as hvdtrain/run/hosts.py
+  reads hosts, `--slots-per-host` where a line gives none) before each start and once a second
+  while the job runs;
+- it starts the job on as many slots as there are, up to --max-np, once there are --min-np
+  (waiting up to --elastic-timeout for them);
+- it keeps the commit store the ranks' `state.commit()` sends their state to, and the version of
+  the hosts: when discovery finds other hosts, the version goes up, the ranks learn it at their
+  next commit and end the job with EXIT_HOSTS_UPDATED, and hvdtrun starts it on the new hosts;
+- a job that fails in a way a start can fix (a rank killed, its peers lost: anything but what
+  hvdtrain/core/exits.py says a restart cannot mend) is started again from the last commit;
+- every start after the first counts against --reset-limit;
+- the ranks run with HOROVOD_ELASTIC=1, as horovodrun's elastic ranks do: Horovod's
+  DistributedOptimizer reduces even in a job of one rank then, as the world may grow.
+"""
+
+import os
+import shlex
+import socketserver
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+from hvdtrain.core.elastic import HOSTS_VERSION_VARIABLE, STORE_VARIABLE
+from hvdtrain.core.exits import EXIT_HOSTS_UPDATED, NOT_RESTARTED
+from hvdtrain.run.hosts import Host, HostsError, parse_host
+
+DISCOVERY_INTERVAL_S = 1.0  # Horovod's
+DISCOVERY_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class ElasticOptions:
+    discovery_script: str
+    min_np: int
+    max_np: Optional[int]
+    slots_per_host: int
+    reset_limit: Optional[int]
+    elastic_timeout_s: float
+
+
+class DiscoveryError(Exception):
+    """The discovery script failed or printed something that is not a host."""
+
+
+def discover(options):
+    """The hosts the discovery script prints now, in its order."""
+    try:
+        result = subprocess.run(shlex.split(options.discovery_script), capture_output=True, text=True,
+                                timeout=DISCOVERY_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise DiscoveryError(f"the host discovery script {options.discovery_script!r} cannot run: {error}") from None
+    if result.returncode != 0:
+        raise DiscoveryError(f"the host discovery script {options.discovery_script!r} exited with status "
+                             f"{result.returncode}: {result.stderr.strip()}")
+    try:
+        found = [parse_host(line, f"the host discovery script {options.discovery_script!r} printed a line")
+                 for line in result.stdout.split()]
+    except HostsError as error:
+        raise DiscoveryError(str(error)) from None
+    return [Host(name, slots or options.slots_per_host) for name, slots in found]
+
+
+def placed(hosts, num_proc):
+    """The hosts' slots filled in order with `num_proc` ranks (hosts left without one dropped)."""
+    taken, left = [], num_proc
+    for host in hosts:
+        if left <= 0:
+            break
+        taken.append(Host(host.host, min(host.slots, left)))
+        left -= taken[-1].slots
+    return taken
+
+
+class CommitStore(socketserver.ThreadingTCPServer):
+    """The ranks' last commit (rank 0 sends it) and the version of the hosts, over TCP: one
+    request per connection (PUT n + n bytes, GET, VERSION), answered OK, DATA n + n bytes, NONE
+    or VERSION v."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self):
+        super().__init__(("", 0), _StoreRequest)
+        self.commit, self.hosts_version = None, 0
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+
+class _StoreRequest(socketserver.StreamRequestHandler):
+    def handle(self):
+        store = self.server
+        words = self.rfile.readline().decode().split()
+        if words[:1] == ["PUT"]:
+            store.commit = self.rfile.read(int(words[1]))
+            self.wfile.write(b"OK 0\n")
+        elif words[:1] == ["GET"]:
+            commit = store.commit
+            self.wfile.write(b"NONE 0\n" if commit is None else b"DATA %d\n" % len(commit) + commit)
+        elif words[:1] == ["VERSION"]:
+            self.wfile.write(b"VERSION %d\n" % store.hosts_version)
+
+
+def watch_hosts(options, store, launched, stop):
+    """While the job runs: raise the hosts' version once when discovery finds hosts other than
+    those the job was started with (the ranks then stop at their next commit)."""
+    while not stop.wait(DISCOVERY_INTERVAL_S):
+        try:
+            found = discover(options)
+        except DiscoveryError as error:
+            print(f"hvdtrun: {error}; the job goes on on its hosts", file=sys.stderr, flush=True)
+            continue
+        if found != launched:
+            store.hosts_version += 1
+            print(f"hvdtrun: the hosts changed to {format_hosts(found)}; the job starts again on them at its "
+                  f"next commit", file=sys.stderr, flush=True)
+            return
+
+
+def hosts_for_a_start(options, deadline):
+    """The discovered hosts once they have --min-np slots, waiting until `deadline`."""
+    while True:
+        hosts = discover(options)
+        if sum(host.slots for host in hosts) >= options.min_np:
+            return hosts
+        if time.monotonic() >= deadline:
+            raise DiscoveryError(f"the discovery script found {sum(h.slots for h in hosts)} slots "
+                                 f"({format_hosts(hosts) or 'no hosts'}), fewer than --min-np {options.min_np}, "
+                                 f"for the whole --elastic-timeout")
+        time.sleep(DISCOVERY_INTERVAL_S)
+
+
+def format_hosts(hosts):
+    return ",".join(f"{host.host}:{host.slots}" for host in hosts)
+
+
+def run_elastic(elastic, start_job, addresses):
+    """Start and restart the job as the module says; returns hvdtrun's exit status.
+    `start_job(num_proc, hosts)` runs one job of `num_proc` ranks (hvdtrun's launch: the start
+    timeout, Ctrl-C) and returns its status; the ranks reach the commit store at this machine's
+    `addresses`."""
+    store = CommitStore()
+    store_address = ",".join(["127.0.0.1", *addresses]) + f":{store.server_address[1]}"
+    resets = 0
+    try:
+        while True:
+            try:
+                hosts = hosts_for_a_start(elastic, time.monotonic() + elastic.elastic_timeout_s)
+            except DiscoveryError as error:
+                print(f"hvdtrun: {error}", file=sys.stderr, flush=True)
+                return 1
+            slots = sum(host.slots for host in hosts)
+            num_proc = min(slots, elastic.max_np or slots)
+            job_hosts = placed(hosts, num_proc)
+            os.environ[STORE_VARIABLE] = store_address  # the ranks' environment is hvdtrun's
+            os.environ[HOSTS_VERSION_VARIABLE] = str(store.hosts_version)
+            os.environ["HOROVOD_ELASTIC"] = "1"
+            stop = threading.Event()
+            threading.Thread(target=watch_hosts, args=(elastic, store, hosts, stop), daemon=True).start()
+            try:
+                status = start_job(num_proc, job_hosts)
+            finally:
+                stop.set()
+            if status == 0:
+                return 0
+            if status in NOT_RESTARTED or status == 130:
+                if status in NOT_RESTARTED:
+                    print(f"hvdtrun: the job failed (exit status {status}): {NOT_RESTARTED[status]}, so it is not "
+                          f"started again", file=sys.stderr, flush=True)
+                return status
+            resets += 1
+            why = "the hosts changed" if status == EXIT_HOSTS_UPDATED else f"the job failed (exit status {status})"
+            if elastic.reset_limit is not None and resets > elastic.reset_limit:
+                print(f"hvdtrun: {why}; it has been started again {resets - 1} times (--reset-limit "
+                      f"{elastic.reset_limit}), so it stops here", file=sys.stderr, flush=True)
+                return status or 1
+            print(f"hvdtrun: {why}; starting it again from its last commit (reset {resets})", file=sys.stderr,
+                  flush=True)
+    finally:
+        store.shutdown()
+        store.server_close()
+

