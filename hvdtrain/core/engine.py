@@ -20,9 +20,11 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
+from typing import Dict
 
 import numpy as np
 
+from .backend import Backend
 from .exceptions import HorovodInternalError, TensorMismatchError
 from .discovery import discover
 from .fusion import plan_batches
@@ -63,8 +65,9 @@ class Engine:
         self.members = tuple(range(self.size)) if members is None else members
         self._position = {job_rank: rank for rank, job_rank in enumerate(self.members)}  # a broadcast's root
         self._job_rank = self.members[self.rank]
-        self._host_backend = MpiBackend(self._world, settings)
-        self._device_backends = {}  # "NCCL" or "MPI" -> a backend for device buffers, made at first use
+        self._host_backend: Backend = MpiBackend(self._world, settings)
+        # "NCCL" or "MPI" -> a backend for device buffers, made at first use
+        self._device_backends: Dict[str, Backend] = {}
         self._device_checked_at = 0.0
         self._cache = ResponseCache(settings.cache_capacity)
         self._coordinator = Coordinator(self.members, settings) if self.rank == 0 else None
@@ -429,7 +432,7 @@ class Engine:
             else:
                 self._run_single(step, ready_at)
 
-    def _backend(self, device, kind):
+    def _backend(self, device, kind) -> Backend:
         """The backend for buffers on `device` ("cpu" or "cuda") and an operation of `kind`.
         A device backend is made when a step first needs it, at the same step of the same plan
         on every rank, since making one is itself collective (NCCL's communicator)."""
