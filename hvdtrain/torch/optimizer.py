@@ -41,6 +41,7 @@ import torch
 
 from hvdtrain import core
 from hvdtrain.core import global_process_set
+from hvdtrain.core.fusion import plan_segments
 from hvdtrain.core.horovod_api import Adasum, Average
 
 from . import mpi_ops
@@ -423,27 +424,19 @@ def _raise_too_many_passes():
 
 def _segment_members(params, buckets, groups, segment_bytes):
     """The parameters of each segment. With `groups` (parameter -> group index), the groups,
-    and every other parameter on its own, as Horovod reduces them. Otherwise runs of about
-    `segment_bytes` in the order backward usually produces gradients, the reverse of the
-    parameters' (0: each on its own); a run keeps to one bucket."""
+    and every other parameter on its own, as Horovod reduces them. Otherwise fusion.plan_segments'
+    runs of about `segment_bytes` in the order backward usually produces gradients, the reverse
+    of the parameters' (0: each on its own); a run keeps to one bucket."""
     if groups:
         by_group = collections.defaultdict(list)
         for p in params:
             if p in groups:
                 by_group[groups[p]].append(p)
         return list(by_group.values()) + [[p] for p in params if p not in groups]
-    segments, current, current_bucket, current_bytes = [], [], None, 0
-    for p in reversed(params):
-        bucket = buckets.spec.get(p, (None,))[0]  # None: outside the buckets, alone
-        if current and (bucket is None or bucket != current_bucket or current_bytes >= segment_bytes):
-            segments.append(current)
-            current, current_bytes = [], 0
-        current.append(p)
-        current_bucket = bucket
-        current_bytes += p.numel() * p.element_size()
-    if current:
-        segments.append(current)
-    return segments
+    backward = params[::-1]
+    # A parameter outside the buckets (None) is submitted on its own.
+    gradients = [(buckets.spec.get(p, (None,))[0], p.numel() * p.element_size()) for p in backward]
+    return [[backward[i] for i in segment] for segment in plan_segments(gradients, segment_bytes)]
 
 
 def _parameter_names(named_parameters, all_params):
