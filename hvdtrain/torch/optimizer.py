@@ -206,9 +206,9 @@ class _DistributedOptimizer:
         self._segments = []
         # As in Horovod, on a rank outside the process set the optimizer reduces nothing: its
         # step() applies this rank's own gradients; nor in a job of one rank, unless
-        # HVDTRAIN_REDUCE_ALONE=1 asks it to (to measure the engine's cost on one GPU).
+        # HOROVOD_ELASTIC=1 says that it is an elastic job, whose world may grow (Horovod's condition).
         if _takes_part(process_set) and (core.running_engine(process_set).size > 1
-                                         or os.environ.get("HVDTRAIN_REDUCE_ALONE") == "1"):
+                                         or os.environ.get("HOROVOD_ELASTIC") == "1"):
             self._buckets = _GradientBuckets(self._requires_update, f"DistributedOptimizer.{next(_optimizer_ids)}")
             segment_bytes = core.running_engine(process_set).settings.segment_bytes
             self._segments = [_Segment(members, len(members)) for members in
