@@ -3,14 +3,16 @@ torch.optim on the same model: the price a host-bound GPU loop pays in full.
 
     python scripts/bench_optimizer_overhead.py [--layers 160] [--device cpu|cuda] [--rounds 7]
 
-One process, HVDTRAIN_REDUCE_ALONE=1 (so that a job of one rank still reduces through the
-engine, as bench_horovod's GPU runs do), a model of --layers Linear(16, 16) layers (two gradient
-tensors each, so that the cost per tensor dominates, not arithmetic). Each round times --steps
-steps (zero_grad, forward, backward, step) of the plain optimizer and of hvdtrain's, in turn,
-after a warm-up; on a GPU a timed block ends when the device is done. Printed: the medians over
-the rounds of both step times, and of hvdtrain's extra per step and per gradient tensor.
-One rank's average is its own gradient, so both models must end with the same weights, bit for
-bit: a difference stops the run before any figure is printed.
+One process, with HOROVOD_ELASTIC=1: Horovod's DistributedOptimizer reduces nothing in a job of
+one rank unless the job is elastic (its world may grow), so this marks the job elastic to have
+the gradients go through the engine, as gpu_check.sh's hvdtrain runs do. The model has --layers
+Linear(16, 16) layers (two gradient tensors each, so that the cost per tensor dominates, not
+arithmetic). Each round times --steps steps (zero_grad, forward, backward, step) of the plain
+optimizer and of hvdtrain's, in turn, after a warm-up; on a GPU a timed block ends when the
+device is done. Printed: the medians over the rounds of both step times, and of hvdtrain's
+extra per step and per gradient tensor. One rank's average is its own gradient, so both models
+must end with the same weights, bit for bit: a difference stops the run before any figure is
+printed.
 """
 
 import argparse
@@ -19,7 +21,7 @@ import os
 import statistics
 import time
 
-os.environ.setdefault("HVDTRAIN_REDUCE_ALONE", "1")
+os.environ.setdefault("HOROVOD_ELASTIC", "1")
 
 import torch  # noqa: E402
 

@@ -6,7 +6,7 @@ synthetic benchmarks for PyTorch and TensorFlow 2.
     mpirun -np 2 python scripts/synthetic_benchmark.py --ddp ...     # PyTorch DDP on gloo instead
     python scripts/synthetic_benchmark.py --no-cuda ...               # one process: the plain loop
     python scripts/synthetic_benchmark.py --plain --amp --batch-size 64  # one GPU, no hvdtrain at all
-    HVDTRAIN_REDUCE_ALONE=1 python scripts/synthetic_benchmark.py --amp --batch-size 64  # the engine, one GPU
+    HOROVOD_ELASTIC=1 python scripts/synthetic_benchmark.py --amp --batch-size 64  # the engine, one GPU
 
 PyTorch trains a torchvision model through hvdtrain.torch's DistributedOptimizer; TensorFlow
 trains the Keras application of the same name (resnet50: ResNet50, inception_v3: InceptionV3)
@@ -20,8 +20,9 @@ pattern (synchronize, unscale, step with skip_synchronize). --profile DIR runs a
 under torch.profiler after the timed ones and writes, per rank, a Chrome trace (Perfetto opens it)
 and a table of the operators' host time, and prints how much of that time the GPU was busy: the
 host-side gaps that keep a GPU waiting are what hvdtrain's per-step work could cause. In a job
-of one rank the DistributedOptimizer reduces nothing, as Horovod's; HVDTRAIN_REDUCE_ALONE=1 makes
-it reduce through the engine anyway (NCCL on one GPU), which is how its cost on a GPU is measured.
+of one rank the DistributedOptimizer reduces nothing, as Horovod's, unless HOROVOD_ELASTIC=1 says
+that the job is elastic (its world may grow): setting it makes one process reduce through the
+engine anyway (NCCL on one GPU), which is how the engine's cost on a GPU is measured.
 """
 
 import argparse

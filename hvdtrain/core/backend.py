@@ -5,7 +5,7 @@ plans); a backend moves the bytes of one step. There are three, all behind this 
 - MpiBackend (mpi_backend.py): NumPy buffers in host memory, through MPI;
 - NcclBackend (nccl_backend.py): CuPy buffers in device memory, through NCCL, on a CUDA stream
   of the engine's own;
-- HostStagedBackend (nccl_backend.py): CuPy buffers staged through pinned host memory and
+- HostStagedBackend (staged_backend.py): CuPy buffers staged through pinned host memory and
   reduced by an MpiBackend, for machines without NCCL and ranks that share a GPU
   (HOROVOD_GPU_OPERATIONS=MPI).
 The control plane (negotiation, the response cache, stall checks, errors) stays on MPI for all.

@@ -20,11 +20,14 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
+from typing import Dict
 
 import numpy as np
 
+from .backend import Backend
 from .exceptions import HorovodInternalError, TensorMismatchError
 from .discovery import discover
+from .fusion import plan_batches
 from .mpi_backend import MpiBackend
 from .negotiation import Coordinator, ResponseCache, cacheable
 from .requests import ALLREDUCE, JOIN, Entry, Handle, Kind, ReduceOp, Request, numpy_dtype
@@ -62,8 +65,9 @@ class Engine:
         self.members = tuple(range(self.size)) if members is None else members
         self._position = {job_rank: rank for rank, job_rank in enumerate(self.members)}  # a broadcast's root
         self._job_rank = self.members[self.rank]
-        self._host_backend = MpiBackend(self._world, settings)
-        self._device_backends = {}  # "NCCL" or "MPI" -> a backend for device buffers, made at first use
+        self._host_backend: Backend = MpiBackend(self._world, settings)
+        # "NCCL" or "MPI" -> a backend for device buffers, made at first use
+        self._device_backends: Dict[str, Backend] = {}
         self._device_checked_at = 0.0
         self._cache = ResponseCache(settings.cache_capacity)
         self._coordinator = Coordinator(self.members, settings) if self.rank == 0 else None
@@ -403,26 +407,18 @@ class Engine:
         return plan
 
     def _plan(self, responses):
-        """The steps that run agreed responses: each non-allreduce response on its own, in
-        order, and allreduces fused into batches of one dtype, op and scale up to the fusion
-        threshold. It depends on the responses alone, so every rank makes the same plan."""
-        threshold = self.settings.fusion_threshold_bytes
+        """The steps that run agreed responses: allreduces fused into batches of one dtype, op,
+        scale and device up to the fusion threshold (fusion.plan_batches), and every other
+        response (an error too) on its own, in its place. It depends on the responses alone, so
+        every rank makes the same plan."""
+        keys = [_fusion_key(response) for response in responses]
+        ready = [(key, 0 if key is None else response.request.nbytes) for key, response in zip(keys, responses)]
         steps = []
-        open_batches = {}  # fusion key -> (responses, bytes), in order of first appearance
-        for response in responses:
-            request = response.request
-            if response.error is not None or response.kind is not ALLREDUCE:
-                steps.append(response)
-                continue
-            key = (request.dtype, request.op, request.prescale, request.postscale, request.device)
-            size = request.nbytes
-            batch, nbytes = open_batches.get(key, ([], 0))
-            if batch and (threshold == 0 or nbytes + size > threshold):
-                steps.append(_Batch.of(batch))
-                batch, nbytes = [], 0
-            batch.append(response)
-            open_batches[key] = (batch, nbytes + size)
-        steps.extend(_Batch.of(batch) for batch, _ in open_batches.values() if batch)
+        for positions in plan_batches(ready, self.settings.fusion_threshold_bytes):
+            if keys[positions[0]] is None:
+                steps.append(responses[positions[0]])
+            else:
+                steps.append(_Batch.of([responses[i] for i in positions]))
         return steps
 
     def _run_plan(self, plan, ready_at):
@@ -436,7 +432,7 @@ class Engine:
             else:
                 self._run_single(step, ready_at)
 
-    def _backend(self, device, kind):
+    def _backend(self, device, kind) -> Backend:
         """The backend for buffers on `device` ("cpu" or "cuda") and an operation of `kind`.
         A device backend is made when a step first needs it, at the same step of the same plan
         on every rank, since making one is itself collective (NCCL's communicator)."""
@@ -605,6 +601,15 @@ class Engine:
         self._join_entry = None
         if message != SHUT_DOWN_MESSAGE:
             log.error(message)
+
+
+def _fusion_key(response):
+    """What allreduces must share to run in one fused batch; None for a response that runs on
+    its own (another collective, or an error)."""
+    if response.error is not None or response.kind is not ALLREDUCE:
+        return None
+    request = response.request
+    return request.dtype, request.op, request.prescale, request.postscale, request.device
 
 
 def _regions(requests):

@@ -1,8 +1,15 @@
-"""Tensor fusion: how a batch of ready allreduces becomes a sequence of transport calls.
+"""Tensor fusion: which gradients go to the engine together, which ready allreduces run as one
+fused batch, and how a batch becomes a sequence of transport calls.
 
-Measured on a 2-core host (README, "Measurements"): one 178 MB MPI allreduce takes about
-three times as long as the same bytes in pieces of a few MiB, and a memcpy of those bytes
-costs half as much as reducing them. So the plan
+The first two are pure functions of keys and sizes (no torch, no MPI), so that a model of a
+step's communication (the scaling model) can plan exactly as the code it models does:
+- plan_segments: the DistributedOptimizer's segments, runs of gradients that go to the engine
+  as one submission;
+- plan_batches: the engine's batches of the allreduces that are ready in one cycle.
+
+A batch's transport calls (plan_allreduce): measured on a 2-core host (README,
+"Measurements"), one 178 MB MPI allreduce takes about three times as long as the same bytes in
+pieces of a few MiB, and a memcpy of those bytes costs half as much as reducing them. So the plan
 - reduces each large tensor where it lies (no copy), in pieces of about `chunk_bytes`;
 - packs small tensors together into the fusion buffer, a window of at most `chunk_bytes`
   (and at most `HOROVOD_FUSION_THRESHOLD`), so that many tiny tensors cost one call.
@@ -11,7 +18,7 @@ The plan depends only on sizes that every rank agreed on, so every rank makes th
 
 import functools
 from dataclasses import dataclass
-from typing import Tuple, Union
+from typing import Hashable, List, Optional, Sequence, Tuple, Union
 
 
 @dataclass(frozen=True)
@@ -32,6 +39,49 @@ class Pack:
 
 
 Step = Union[Piece, Pack]
+
+
+def plan_segments(gradients: Sequence[Tuple[Optional[Hashable], int]], segment_bytes: int) -> List[List[int]]:
+    """The optimizer's segments: `gradients` are (bucket key, nbytes) in the order backward
+    produces them, with None for a gradient outside the buckets; each segment is a list of
+    positions in `gradients`. A segment keeps to one bucket and is closed once it holds
+    `segment_bytes` or more (0: each gradient on its own); a gradient outside the buckets is
+    submitted on its own, so it is a segment of its own."""
+    segments, current, current_bucket, current_bytes = [], [], None, 0
+    for position, (bucket, nbytes) in enumerate(gradients):
+        if current and (bucket is None or bucket != current_bucket or current_bytes >= segment_bytes):
+            segments.append(current)
+            current, current_bytes = [], 0
+        current.append(position)
+        current_bucket = bucket
+        current_bytes += nbytes
+    if current:
+        segments.append(current)
+    return segments
+
+
+def plan_batches(ready: Sequence[Tuple[Optional[Hashable], int]], threshold_bytes: int) -> List[List[int]]:
+    """The engine's fused batches: `ready` holds (fusion key, nbytes) of each collective ready in
+    one cycle, in the agreed order, and each batch is a list of positions in it, listed in the
+    order the batches run. Allreduces of one key fill a batch until the next one would take it
+    past `threshold_bytes` (0: no fusion; one larger than the threshold goes alone): the full
+    batch runs then, before that allreduce, which opens the next batch of its key; the batches
+    still open at the end run last, in the order their keys first came. Key None marks what is
+    not fused (another collective, an error): it runs alone, in its place among the batches."""
+    batches = []
+    open_batches = {}  # fusion key -> (positions, bytes), in the order the keys first came
+    for position, (key, nbytes) in enumerate(ready):
+        if key is None:
+            batches.append([position])
+            continue
+        batch, batch_bytes = open_batches.get(key, ([], 0))
+        if batch and (threshold_bytes == 0 or batch_bytes + nbytes > threshold_bytes):
+            batches.append(batch)
+            batch, batch_bytes = [], 0
+        batch.append(position)
+        open_batches[key] = (batch, batch_bytes + nbytes)
+    batches.extend(batch for batch, _ in open_batches.values())
+    return batches
 
 
 def pack_capacity_bytes(settings):

@@ -24,6 +24,42 @@ p.grad is the parameter's view of the bucket.
 Sparse gradients (nn.Embedding(sparse=True)) stay out of the buckets: they are reduced by
 allgathering their indices and values, as Horovod does, or densified with sparse_as_dense=True;
 either way the wrapped optimizer gets them back sparse.
+
+The optimizer's state, in three parts. (An optimizer that reduces nothing, on a rank outside
+the process set or in a job of one rank that is not elastic, has no hooks and stays in
+NO_GRADIENT.) The step's phase (_Phase), which Horovod's checks of misuse read: step()
+synchronizes first, and warns where synchronize() was called already; zero_grad() raises while
+gradients arrive.
+
+    phase            a gradient       synchronize()   step()              step() in skip_synchronize()
+    NO_GRADIENT      ARRIVING         SYNCHRONIZED    NO_GRADIENT         NO_GRADIENT
+    ARRIVING         ARRIVING         SYNCHRONIZED    NO_GRADIENT         ARRIVING
+    SYNCHRONIZED     ARRIVING_AGAIN   SYNCHRONIZED    NO_GRADIENT, warns  NO_GRADIENT
+    ARRIVING_AGAIN   ARRIVING_AGAIN   SYNCHRONIZED    NO_GRADIENT, warns  ARRIVING
+
+Which gradients have hooks, and whether closers may submit their segments (_Hooks; * marks the
+transitions that change the hooks):
+
+    hooks                      closers distrusted (1)     synchronize()              zero_grad(set_to_none=False)
+    EVERY_GRADIENT             EVERY_GRADIENT_FOR_GOOD    CLOSERS *                  EVERY_GRADIENT_FOR_GOOD
+    CLOSERS                    CLOSERS_UNTIL_SYNCHRONIZE  CLOSERS                    EVERY_GRADIENT_FOR_GOOD *
+    CLOSERS_UNTIL_SYNCHRONIZE  CLOSERS_UNTIL_SYNCHRONIZE  EVERY_GRADIENT_FOR_GOOD *  EVERY_GRADIENT_FOR_GOOD *
+    EVERY_GRADIENT_FOR_GOOD    EVERY_GRADIENT_FOR_GOOD    EVERY_GRADIENT_FOR_GOOD    EVERY_GRADIENT_FOR_GOOD
+
+It starts in EVERY_GRADIENT where each step has one backward pass and every parameter has a
+bucket view, else in EVERY_GRADIENT_FOR_GOOD. (1) A closer found a gradient of its segment not
+yet in, last step's or sparse; or a gradient arrived sparse (its parameter leaves the buckets).
+
+A segment in a step (_SegmentState):
+
+    segment     a member's hook (3)            its closer's hook: check passes / fails   synchronize()
+    WAITING     SUBMITTED once the last is in  SUBMITTED / DEFERRED                      submits it; WAITING
+    SUBMITTED   raises (2)                     raises (2)                                WAITING
+    DEFERRED    (4)                            raises (2)                                submits it; WAITING
+
+(2) Horovod's error that gradients came more than backward_passes_per_step times before step().
+(3) Every gradient hooked: each counts its passes, and the segment its members still to come.
+(4) None: only closers defer, and only synchronize() hooks every gradient again while they do.
 """
 
 import collections
@@ -41,6 +77,7 @@ import torch
 
 from hvdtrain import core
 from hvdtrain.core import global_process_set
+from hvdtrain.core.fusion import plan_segments
 from hvdtrain.core.horovod_api import Adasum, Average
 
 from . import mpi_ops
@@ -49,6 +86,57 @@ from .compression import Compression
 from .mpi_ops import synchronize
 
 _optimizer_ids = itertools.count()
+
+
+# The states of the module's tables. Plain constants rather than enum.Enum: the hooks compare them
+# and look them up in tables for every gradient, and looking up or hashing an Enum member costs
+# 0.1 to 0.3 us in Python 3.11 (measured on a 2-core host), several times a class attribute's.
+class _Phase:
+    """Where a step is: which of Horovod's checks of misuse apply."""
+    NO_GRADIENT = "no gradient since the last synchronize(), which step() followed"
+    ARRIVING = "gradients arriving, their allreduces starting"
+    SYNCHRONIZED = "synchronize() returned, step() to come"
+    ARRIVING_AGAIN = "gradients arriving after synchronize(), step() to come"
+
+
+class _Hooks:
+    """Which gradients have hooks, and whether each segment's closer may submit it alone."""
+    EVERY_GRADIENT = "every gradient; closers take over from the next synchronize()"
+    CLOSERS = "each segment's closer only"
+    CLOSERS_UNTIL_SYNCHRONIZE = "closers only, no longer trusted: every gradient from the next synchronize()"
+    EVERY_GRADIENT_FOR_GOOD = "every gradient, from now on"
+
+
+class _SegmentState:
+    """A segment in the current step."""
+    WAITING = "waiting for its gradients"
+    SUBMITTED = "its allreduces started"
+    DEFERRED = "left to synchronize() by its closer"
+
+
+_PHASE_AFTER_A_GRADIENT = {
+    _Phase.NO_GRADIENT: _Phase.ARRIVING, _Phase.ARRIVING: _Phase.ARRIVING,
+    _Phase.SYNCHRONIZED: _Phase.ARRIVING_AGAIN, _Phase.ARRIVING_AGAIN: _Phase.ARRIVING_AGAIN,
+}
+# step() in skip_synchronize() forgets an explicit synchronize(), not gradients that came after it.
+_PHASE_AFTER_A_SKIPPING_STEP = {
+    _Phase.NO_GRADIENT: _Phase.NO_GRADIENT, _Phase.ARRIVING: _Phase.ARRIVING,
+    _Phase.SYNCHRONIZED: _Phase.NO_GRADIENT, _Phase.ARRIVING_AGAIN: _Phase.ARRIVING,
+}
+_PHASES_AFTER_SYNCHRONIZE = frozenset((_Phase.SYNCHRONIZED, _Phase.ARRIVING_AGAIN))
+_PHASES_OF_GRADIENTS_ARRIVING = frozenset((_Phase.ARRIVING, _Phase.ARRIVING_AGAIN))
+
+_HOOKS_WITH_CLOSERS_DISTRUSTED = {
+    _Hooks.EVERY_GRADIENT: _Hooks.EVERY_GRADIENT_FOR_GOOD, _Hooks.CLOSERS: _Hooks.CLOSERS_UNTIL_SYNCHRONIZE,
+    _Hooks.CLOSERS_UNTIL_SYNCHRONIZE: _Hooks.CLOSERS_UNTIL_SYNCHRONIZE,
+    _Hooks.EVERY_GRADIENT_FOR_GOOD: _Hooks.EVERY_GRADIENT_FOR_GOOD,
+}
+_HOOKS_AFTER_SYNCHRONIZE = {
+    _Hooks.EVERY_GRADIENT: _Hooks.CLOSERS, _Hooks.CLOSERS: _Hooks.CLOSERS,
+    _Hooks.CLOSERS_UNTIL_SYNCHRONIZE: _Hooks.EVERY_GRADIENT_FOR_GOOD,
+    _Hooks.EVERY_GRADIENT_FOR_GOOD: _Hooks.EVERY_GRADIENT_FOR_GOOD,
+}
+_CLOSERS_HOOKED = frozenset((_Hooks.CLOSERS, _Hooks.CLOSERS_UNTIL_SYNCHRONIZE))
 
 
 class _GradientBuckets:
@@ -158,7 +246,8 @@ def _huge_page_zeros(numel, dtype):
 class _Segment:
     """Parameters whose gradients go to the engine together, once the last of them is in."""
     members: list
-    waiting: int = 0  # gradients of this step still to come; 0 once submitted, -1 left to synchronize()
+    to_come: int  # members whose gradients this step still lacks, as the every-gradient hooks count them
+    state: str = _SegmentState.WAITING
     runs: Optional[list] = None  # how it is submitted (_DistributedOptimizer._runs), made once
     closer: object = None  # the member whose gradient completed it last step (None: synchronize did)
     views: Optional[list] = None  # the members' bucket views, where it is submitted by its closer
@@ -197,66 +286,72 @@ class _DistributedOptimizer:
         self._delay = {p: backward_passes_per_step for p in self._requires_update}
         groups = _parameter_groups(groups, self._requires_update)
         self._in_flight = []  # (handle, what to do with its result) of this step's submissions
-        self._counting = False  # whether a gradient of this step has arrived
-        self._synchronized = False
-        self._should_synchronize = True
+        self._phase = _Phase.NO_GRADIENT
+        self._should_synchronize = True  # Horovod's name: False within skip_synchronize()
         self._sparse_dims = {}  # parameter -> sparse_dim of its gradients, once one arrived sparse
         self._buckets = None
         self._segments = []
         # As in Horovod, on a rank outside the process set the optimizer reduces nothing: its
         # step() applies this rank's own gradients; nor in a job of one rank, unless
-        # HVDTRAIN_REDUCE_ALONE=1 asks it to (to measure the engine's cost on one GPU).
+        # HOROVOD_ELASTIC=1 says that it is an elastic job, whose world may grow (Horovod's condition).
         if _takes_part(process_set) and (core.running_engine(process_set).size > 1
-                                         or os.environ.get("HVDTRAIN_REDUCE_ALONE") == "1"):
+                                         or os.environ.get("HOROVOD_ELASTIC") == "1"):
             self._buckets = _GradientBuckets(self._requires_update, f"DistributedOptimizer.{next(_optimizer_ids)}")
             segment_bytes = core.running_engine(process_set).settings.segment_bytes
             self._segments = [_Segment(members, len(members)) for members in
                               _segment_members(self._requires_update, self._buckets, groups, segment_bytes)]
             self._segment_of = {p: segment for segment in self._segments for p in segment.members}
+            self._hook_handles = []
             # Closers only where a gradient's arrival shows in p.grad: set to None before the
             # step, a new tensor after; with several passes, or views zeroed, it is always there.
-            self._closers_may_submit = (backward_passes_per_step == 1
-                                        and all(p in self._buckets.view for p in self._requires_update))
-            self._hooks = []
-            self._hook_gradients(closers_only=False)
+            closers_may_submit = (backward_passes_per_step == 1
+                                  and all(p in self._buckets.view for p in self._requires_update))
+            self._hook(_Hooks.EVERY_GRADIENT if closers_may_submit else _Hooks.EVERY_GRADIENT_FOR_GOOD)
 
-    def _hook_gradients(self, closers_only):
-        """Hook every gradient, or only each segment's closer (between steps only)."""
-        for handle in self._hooks:
+    def _hook(self, hooks):
+        """Install the hooks that `hooks` (a _Hooks) names: on every gradient, or on each
+        segment's closer (between steps only)."""
+        for handle in self._hook_handles:
             handle.remove()
-        self._hooks = []
+        self._hook_handles = []
         for segment in self._segments:
-            if not closers_only:
-                self._hooks.extend(p.register_post_accumulate_grad_hook(partial(self._on_gradient_ready, segment))
-                                   for p in segment.members)
+            if hooks not in _CLOSERS_HOOKED:
+                self._hook_handles.extend(
+                    p.register_post_accumulate_grad_hook(partial(self._on_gradient_ready, segment))
+                    for p in segment.members)
             elif segment.closer is not None:
                 segment.views = [self._buckets.view[p] for p in segment.members]
-                self._hooks.append(segment.closer.register_post_accumulate_grad_hook(
+                self._hook_handles.append(segment.closer.register_post_accumulate_grad_hook(
                     partial(self._on_closing_gradient, segment)))
-        self._closers_only = closers_only
+        self._hooks = hooks
+
+    def _distrust_closers(self):
+        """A closer can no longer tell that its segment is complete: synchronize() hooks every
+        gradient again, for good."""
+        self._hooks = _HOOKS_WITH_CLOSERS_DISTRUSTED[self._hooks]
 
     def _on_gradient_ready(self, segment, p):
         if self._delay[p] <= 0:
             _raise_too_many_passes()
-        self._counting = True
+        self._phase = _PHASE_AFTER_A_GRADIENT[self._phase]
         self._delay[p] -= 1
         if self._delay[p] == 0:
-            segment.waiting -= 1
-            if segment.waiting == 0:
+            segment.to_come -= 1
+            if segment.to_come == 0:
                 segment.closer = p
                 self._submit(segment)
 
     def _on_closing_gradient(self, segment, _):
-        if segment.waiting <= 0:  # submitted, or left to synchronize(), in this step already
+        if segment.state is not _SegmentState.WAITING:  # submitted, or deferred, in this step already
             _raise_too_many_passes()
-        self._counting = True
+        self._phase = _PHASE_AFTER_A_GRADIENT[self._phase]
         grads = []
         for p, view in zip(segment.members, segment.views):
             grad = p.grad
             # Not yet in this step, accumulated into last step's view, or sparse (it leaves the buckets).
             if grad is None or grad is view or grad.is_sparse:
-                segment.waiting = -1  # synchronize() submits it
-                self._closers_may_submit = False  # and hooks every gradient from then on
+                segment.state = _SegmentState.DEFERRED
+                self._distrust_closers()
                 return
             grads.append(grad)
         _copy_into_views(segment.members, segment.views, grads)
@@ -267,7 +362,7 @@ class _DistributedOptimizer:
         self._submit_runs(segment)
 
     def _submit_runs(self, segment):
-        segment.waiting = 0
+        segment.state = _SegmentState.SUBMITTED
         if segment.runs is None:
             segment.runs = self._runs(segment.members)
         for run in segment.runs:
@@ -283,7 +378,7 @@ class _DistributedOptimizer:
                 self._sparse_dims[p] = p.grad.sparse_dim()
                 self._buckets.evict(p)
                 self._segment_of[p].runs = None
-                self._closers_may_submit = False
+                self._distrust_closers()
             if p in self._sparse_dims:
                 if p.grad is None:
                     # Unused on this rank: the others still gather indices and values from it.
@@ -355,9 +450,11 @@ class _DistributedOptimizer:
         parameters unused on this rank but maybe used on another)."""
         if self._buckets is None:
             return
+        # The closers' hooks count nothing: they leave passes, members to come and closers alone.
+        counted = self._hooks not in _CLOSERS_HOOKED
         for segment in self._segments:
-            if segment.waiting:
-                if not self._closers_only:
+            if segment.state is not _SegmentState.SUBMITTED:
+                if counted:  # completed here, not by a gradient: no closer to hook
                     segment.closer = None
                 self._submit(segment)
         for handle, finish in self._in_flight:
@@ -365,15 +462,17 @@ class _DistributedOptimizer:
             if finish is not None:
                 finish(output)
         self._in_flight.clear()
-        if not self._closers_only:  # the closers' hooks leave the counts alone
+        if counted:
             for p in self._delay:
                 self._delay[p] = self._backward_passes_per_step
+            for segment in self._segments:
+                segment.to_come = len(segment.members)
         for segment in self._segments:
-            segment.waiting = len(segment.members)
-        self._counting = False
-        self._synchronized = True
-        if self._closers_only != self._closers_may_submit:
-            self._hook_gradients(closers_only=self._closers_may_submit)
+            segment.state = _SegmentState.WAITING
+        self._phase = _Phase.SYNCHRONIZED
+        hooks = _HOOKS_AFTER_SYNCHRONIZE[self._hooks]
+        if hooks != self._hooks:
+            self._hook(hooks)
 
     @contextmanager
     def skip_synchronize(self):
@@ -387,27 +486,31 @@ class _DistributedOptimizer:
 
     def step(self, closure=None):
         if self._should_synchronize:
-            if self._synchronized:
+            if self._phase in _PHASES_AFTER_SYNCHRONIZE:
                 warnings.warn(
                     "optimizer.step() called without optimizer.skip_synchronize() context after "
                     "optimizer.synchronize(). This can cause training slowdown. You may want to consider "
                     "using optimizer.skip_synchronize() context if you use optimizer.synchronize() in your code."
                 )
             self.synchronize()
-        self._synchronized = False
+            self._phase = _Phase.NO_GRADIENT
+        else:
+            self._phase = _PHASE_AFTER_A_SKIPPING_STEP[self._phase]
         return super().step(closure)
 
     def zero_grad(self, set_to_none=True):
-        if self._counting or self._in_flight:
+        if self._phase in _PHASES_OF_GRADIENTS_ARRIVING or self._in_flight:
             raise AssertionError(
                 "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
                 "optimizer.synchronize(). This is prohibited as it can cause a race condition."
             )
         if self._buckets is None or set_to_none:
             return super().zero_grad(set_to_none)
-        self._closers_may_submit = False  # backward accumulates into the views: p.grad is always there
-        if self._closers_only:
-            self._hook_gradients(closers_only=False)
+        # Backward accumulates into the views from now on: p.grad is always there, closers cannot tell.
+        if self._hooks in _CLOSERS_HOOKED:
+            self._hook(_Hooks.EVERY_GRADIENT_FOR_GOOD)
+        else:
+            self._hooks = _Hooks.EVERY_GRADIENT_FOR_GOOD
         self._buckets.zero()
         for p in self._requires_update:
             if p.grad is not None and (p not in self._buckets.view or p.grad.is_sparse):
@@ -423,27 +526,19 @@ def _raise_too_many_passes():
 
 def _segment_members(params, buckets, groups, segment_bytes):
     """The parameters of each segment. With `groups` (parameter -> group index), the groups,
-    and every other parameter on its own, as Horovod reduces them. Otherwise runs of about
-    `segment_bytes` in the order backward usually produces gradients, the reverse of the
-    parameters' (0: each on its own); a run keeps to one bucket."""
+    and every other parameter on its own, as Horovod reduces them. Otherwise fusion.plan_segments'
+    runs of about `segment_bytes` in the order backward usually produces gradients, the reverse
+    of the parameters' (0: each on its own); a run keeps to one bucket."""
     if groups:
         by_group = collections.defaultdict(list)
         for p in params:
             if p in groups:
                 by_group[groups[p]].append(p)
         return list(by_group.values()) + [[p] for p in params if p not in groups]
-    segments, current, current_bucket, current_bytes = [], [], None, 0
-    for p in reversed(params):
-        bucket = buckets.spec.get(p, (None,))[0]  # None: outside the buckets, alone
-        if current and (bucket is None or bucket != current_bucket or current_bytes >= segment_bytes):
-            segments.append(current)
-            current, current_bytes = [], 0
-        current.append(p)
-        current_bucket = bucket
-        current_bytes += p.numel() * p.element_size()
-    if current:
-        segments.append(current)
-    return segments
+    backward = params[::-1]
+    # A parameter outside the buckets (None) is submitted on its own.
+    gradients = [(buckets.spec.get(p, (None,))[0], p.numel() * p.element_size()) for p in backward]
+    return [[backward[i] for i in segment] for segment in plan_segments(gradients, segment_bytes)]
 
 
 def _parameter_names(named_parameters, all_params):

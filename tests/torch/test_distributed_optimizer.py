@@ -108,6 +108,7 @@ def ranks_closers_stay_right():
     batch's where backward's order changes, where gradients are not set to None (so that they
     accumulate over steps), and with each gradient on its own."""
     import hvdtrain.torch as hvd
+    from hvdtrain.torch.optimizer import _Hooks
 
     hvd.init()
     n, r = hvd.size(), hvd.rank()
@@ -125,7 +126,7 @@ def ranks_closers_stay_right():
             optimizer = torch.optim.SGD(layers.parameters(), lr=0.1)
             if distributed:
                 optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=layers.named_parameters())
-            closers_only = []
+            hooks = []
             for step, (order, zero) in enumerate(zip(orders, zeroing)):
                 if zero:
                     optimizer.zero_grad()
@@ -134,20 +135,22 @@ def ranks_closers_stay_right():
                     x = torch.tanh(layers[i](x))
                 x.sum(dim=1).mean().backward()
                 optimizer.step()
-                closers_only.append(getattr(optimizer, "_closers_only", None))
-            return torch.cat([p.detach().reshape(-1) for p in layers.parameters()]), closers_only
+                hooks.append(getattr(optimizer, "_hooks", None))
+            return torch.cat([p.detach().reshape(-1) for p in layers.parameters()]), hooks
 
         expected, _ = run(lambda step: data[step], distributed=False)
         mine = slice(r * PER_RANK_BATCH, (r + 1) * PER_RANK_BATCH)
-        got, closers_only = run(lambda step: data[step, mine], distributed=True)
+        got, hooks = run(lambda step: data[step, mine], distributed=True)
         difference = (got - expected).abs().max().item()
         assert difference < 1e-12, f"{name}: weights differ from the large-batch run by {difference}"
-        # Closers took over after the first step, and every gradient's hook came back when they
-        # could not tell in step 2: the closer of the one segment came before the others, which
-        # were None or last step's (a segment of one parameter is closed by it in any order).
+        # Closers took over after the first step, and every gradient's hook came back for good
+        # when they could not tell in step 2: the closer of the one segment came before the
+        # others, which were None or last step's (a segment of one parameter is closed by it in
+        # any order).
         alone = name == "order changes" and os.environ.get("HVDTRAIN_SEGMENT_BYTES") == "0"
-        expected_modes = [True] * 5 if alone else [True, True, False, False, False]
-        assert closers_only == expected_modes, (name, closers_only)
+        expected_hooks = ([_Hooks.CLOSERS] * 5 if alone else
+                          [_Hooks.CLOSERS] * 2 + [_Hooks.EVERY_GRADIENT_FOR_GOOD] * 3)
+        assert hooks == expected_hooks, (name, hooks)
         gathered = hvd.allgather(got.unsqueeze(0))
         assert torch.equal(gathered, got.unsqueeze(0).expand_as(gathered)), f"{name}: ranks disagree"
 
@@ -367,8 +370,13 @@ def test_gradient_bucket_is_zeroed_and_on_huge_pages(dtype):
     assert _anon_huge_page_kib(bucket.data_ptr()) >= whole_pages_kib
 
 
+# An elastic job's world may grow, so Horovod's DistributedOptimizer reduces in it even at one
+# rank, as ours does: these tests run one process and still go through the engine.
+ELASTIC_JOB = {"HOROVOD_ELASTIC": "1"}
+
+
 def alone_channels_last():
-    """HVDTRAIN_REDUCE_ALONE=1: a job of one rank reduces through the engine; a channels_last
+    """HOROVOD_ELASTIC=1: a job of one rank reduces through the engine; a channels_last
     model's gradients keep its layout in the bucket, without autograd's layout warning, and the
     step is plain SGD's."""
     import warnings
@@ -383,7 +391,7 @@ def alone_channels_last():
     reference.load_state_dict(model.state_dict())
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                          named_parameters=model.named_parameters())
-    assert optimizer._buckets is not None, "HVDTRAIN_REDUCE_ALONE=1 did not make a job of one rank reduce"
+    assert optimizer._buckets is not None, "HOROVOD_ELASTIC=1 did not make a job of one rank reduce"
     x = torch.randn(2, 3, 9, 9, dtype=torch.float64)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # "grad and param do not obey the gradient layout contract"
@@ -429,7 +437,7 @@ def alone_submissions_per_step():
            + ["backward returned"]) * 2),
 ])
 def test_a_step_submits_one_allreduce_per_run(alone, segment_bytes, expected):
-    env = {"HVDTRAIN_REDUCE_ALONE": "1"}
+    env = dict(ELASTIC_JOB)
     if segment_bytes is not None:
         env["HVDTRAIN_SEGMENT_BYTES"] = segment_bytes
     result = alone(alone_submissions_per_step, env=env)
@@ -437,5 +445,116 @@ def test_a_step_submits_one_allreduce_per_run(alone, segment_bytes, expected):
 
 
 def test_channels_last_gradients_keep_their_layout_in_the_bucket(alone):
-    result = alone(alone_channels_last, env={"HVDTRAIN_REDUCE_ALONE": "1"})
+    result = alone(alone_channels_last, env=ELASTIC_JOB)
     assert "channels_last ok" in result.stdout, result.stdout
+
+
+def alone_step_phases():
+    """Horovod's checks of misuse, through the step's phases: step() after synchronize() warns
+    unless in skip_synchronize(), also where gradients came again in between; zero_grad() raises
+    while gradients arrive, before synchronize() or after it. The first round has closers hooked
+    until a second backward accumulates into the bucket views, the others every gradient."""
+    import warnings
+
+    import hvdtrain.torch as hvd
+    from hvdtrain.torch.optimizer import _Hooks
+
+    hvd.init()
+    model = _model()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters())
+    x = torch.ones(2, 7, dtype=torch.float64)
+
+    def backward():
+        model(x).sum().backward()
+
+    def warns(action):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            action()
+        return any("skip_synchronize" in str(w.message) for w in caught)
+
+    def skipping_step():
+        with optimizer.skip_synchronize():
+            assert optimizer._should_synchronize is False
+            optimizer.step()
+        assert optimizer._should_synchronize is True
+
+    hooks = []
+    for k in range(3):
+        optimizer.zero_grad()
+        backward()
+        assert not warns(optimizer.step), f"round {k}: a plain step warned"
+        hooks.append(optimizer._hooks)
+
+        optimizer.zero_grad()
+        backward()
+        with pytest.raises(AssertionError, match="zero_grad"):
+            optimizer.zero_grad()
+        optimizer.synchronize()
+        assert warns(optimizer.step), f"round {k}: step() after synchronize() did not warn"
+
+        optimizer.zero_grad()
+        backward()
+        optimizer.synchronize()
+        assert not warns(skipping_step), f"round {k}: step() in skip_synchronize() warned"
+
+        # Gradients again after synchronize(): zero_grad() refuses, step() still warns.
+        optimizer.zero_grad()
+        backward()
+        optimizer.synchronize()
+        optimizer.zero_grad()
+        backward()
+        with pytest.raises(AssertionError, match="zero_grad"):
+            optimizer.zero_grad()
+        assert warns(optimizer.step), f"round {k}: step() after synchronize() and backward did not warn"
+
+        # skip_synchronize() forgets synchronize(), not the gradients that came after it:
+        # zero_grad() refuses until synchronize().
+        optimizer.zero_grad()
+        backward()
+        optimizer.synchronize()
+        backward()
+        assert not warns(skipping_step), f"round {k}: step() in skip_synchronize() warned"
+        with pytest.raises(AssertionError, match="zero_grad"):
+            optimizer.zero_grad()
+        optimizer.synchronize()
+        assert not warns(skipping_step), f"round {k}: step() in skip_synchronize() warned"
+    assert hooks == [_Hooks.CLOSERS] + [_Hooks.EVERY_GRADIENT_FOR_GOOD] * 2, hooks
+    print("phases ok")
+
+
+def test_step_phases_keep_horovods_checks_of_misuse(alone):
+    result = alone(alone_step_phases, env=ELASTIC_JOB)
+    assert "phases ok" in result.stdout, result.stdout
+
+
+def alone_second_backward_with_a_deferred_segment():
+    """With closers hooked, a second backward before step() raises Horovod's error also where the
+    first one left its segment to synchronize(): the closer found the others' gradients missing."""
+    import hvdtrain.torch as hvd
+    from hvdtrain.torch.optimizer import _Hooks
+
+    hvd.init()
+    model = _model()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters())
+    x = torch.ones(2, 7, dtype=torch.float64)
+    optimizer.zero_grad()
+    model(x).sum().backward()
+    optimizer.step()
+    assert optimizer._hooks == _Hooks.CLOSERS, optimizer._hooks
+    optimizer.zero_grad()
+    # The first layer's gradients only, its closer's among them (backward reaches it last).
+    model[0](x).sum().backward()
+    assert optimizer._hooks == _Hooks.CLOSERS_UNTIL_SYNCHRONIZE, optimizer._hooks
+    with pytest.raises(AssertionError, match="backward_passes_per_step"):
+        model[0](x).sum().backward()
+    optimizer.step()
+    assert optimizer._hooks == _Hooks.EVERY_GRADIENT_FOR_GOOD, optimizer._hooks
+    print("deferred ok")
+
+
+def test_a_second_backward_raises_where_a_closer_deferred_its_segment(alone):
+    result = alone(alone_second_backward_with_a_deferred_segment, env=ELASTIC_JOB)
+    assert "deferred ok" in result.stdout, result.stdout
