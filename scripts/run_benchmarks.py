@@ -1,4 +1,4 @@
-"""Run the benchmarks side by side and print the README's table.
+"""Run the benchmarks side by side and print the table of docs/benchmarks.md.
 
     python scripts/run_benchmarks.py [--repeats 5] [--ranks 2] [--out benchmarks.json]
 

@@ -7,9 +7,9 @@ step's communication (the scaling model) can plan exactly as the code it models 
   as one submission;
 - plan_batches: the engine's batches of the allreduces that are ready in one cycle.
 
-A batch's transport calls (plan_allreduce): measured on a 2-core host (README,
-"Measurements"), one 178 MB MPI allreduce takes about three times as long as the same bytes in
-pieces of a few MiB, and a memcpy of those bytes costs half as much as reducing them. So the plan
+A batch's transport calls (plan_allreduce): measured on a 2-core host (docs/benchmarks.md), one
+178 MB MPI allreduce takes about three times as long as the same bytes in pieces of a few MiB,
+and a memcpy of those bytes costs half as much as reducing them. So the plan
 - reduces each large tensor where it lies (no copy), in pieces of about `chunk_bytes`;
 - packs small tensors together into the fusion buffer, a window of at most `chunk_bytes`
   (and at most `HOROVOD_FUSION_THRESHOLD`), so that many tiny tensors cost one call.

@@ -23,7 +23,7 @@ def tune_environment(env=os.environ):
     # and receives the same piece at once over one connection, Open MPI's TCP transport
     # moved 1 MiB pieces at 0.55 of a tc-shaped 1 Gbit/s link in most jobs and at 0.95 in
     # the others (raw TCP, sending and receiving at once: always 0.95); with two connections,
-    # 0.78-0.95 in every job, and no change on 3 or 4 hosts (README, "Calibration").
+    # 0.78-0.95 in every job, and no change on 3 or 4 hosts (docs/scaling_model.md).
     env.setdefault("OMPI_MCA_btl_tcp_links", "2")
 
 

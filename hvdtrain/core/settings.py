@@ -30,8 +30,8 @@ class Settings:
     stall_shutdown_time_s: float = 0.0
     log_level: int = logging.WARNING
     # Large buffers are pipelined in pieces of this size: MPI reduces a large buffer 2-3x faster
-    # in pieces of about 1 MiB than in one call, and 1 MiB beat 4 MiB and 512 KiB (README,
-    # "Benchmarks").
+    # in pieces of about 1 MiB than in one call, and 1 MiB beat 4 MiB and 512 KiB
+    # (docs/benchmarks.md).
     chunk_bytes: int = MIB
     # Tensors at least this large are reduced where they lie, without a copy into the
     # fusion buffer; smaller ones are packed together.
@@ -39,7 +39,7 @@ class Settings:
     # A framework's DistributedOptimizer submits its gradients in runs of about this many bytes
     # (0: each gradient on its own, as Horovod does); see hvdtrain/torch/optimizer.py. DDP's
     # bucket_cap_mb: on one H100 ResNet-50 trained at 0.97 of a plain loop with it and at 0.82
-    # with 4 MiB, where each submission's host work delayed backward (README, "Benchmarks").
+    # with 4 MiB, where each submission's host work delayed backward (docs/gpu.md).
     segment_bytes: int = 25 * MIB
     dynamic_process_sets: bool = False
     # How each operation moves device buffers: "NCCL", or "MPI" through pinned host memory.

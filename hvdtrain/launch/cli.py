@@ -26,8 +26,9 @@ from hvdtrain.launch import compose, mpirun, recipes, resume, slurm, supervisor
 from hvdtrain.launch.compose import CONF_DIR
 from hvdtrain.run import devices, hosts
 from hvdtrain.run.config import ConfigError, validate
-from hvdtrain.run.job import PROGRESS_BAR_VARIABLE, inside_existing_job, progress_bar_wanted
+from hvdtrain.run.job import PROGRESS_BAR_VARIABLE, inside_existing_job, launcher_rank, progress_bar_wanted
 from hvdtrain.run.plan import make_plan
+from hvdtrain.run.preemption import clear_notice
 from hvdtrain.run.run_dir import claim_run_dir
 
 
@@ -73,8 +74,9 @@ def run(cfg, run_dir):
     if inside_existing_job() and not (cfg.dry_run or cfg.profile):
         from hvdtrain.training import worker
 
-        # Rank 0's config and run directory are the run's; the ranks check their devices together
-        worker.train_in_existing_job(lambda: _checked_config(cfg, run_dir), run_dir)
+        # Rank 0's config and run directory are the run's: it decides, and the ranks learn its
+        # decision when the job has started (and check their devices together)
+        worker.train_in_existing_job(_decided_on_rank_0(cfg, run_dir) if launcher_rank() == "0" else None, run_dir)
         return
     cfg = _checked_config(cfg, run_dir)
     if cfg is None:
@@ -126,6 +128,20 @@ def _checked_config(cfg, run_dir):
     validate(cfg)
     progress_bar_wanted(os.environ)  # refuses a bad value of the user's before anything launches
     return cfg
+
+
+def _decided_on_rank_0(cfg, run_dir):
+    """Rank 0 of a job that mpirun or srun started with `hvdtrain`: the config the run trains
+    with, with `run_dir` claimed for it, None where nothing is left to train, or the ConfigError
+    that refuses it (which every rank then raises)."""
+    try:
+        cfg = _checked_config(cfg, run_dir)
+        if cfg is not None:
+            claim_run_dir(cfg, run_dir)
+            clear_notice(run_dir)
+        return cfg
+    except ConfigError as error:
+        return error
 
 
 def _resume_command(run_dir):

@@ -7,13 +7,14 @@ the engine runs it:
 - Gradients become ready one after another during backward, in the order backward produces
   them (the model's last layer first). Without per-layer costs, each gradient tensor is taken
   to cost an equal share of backward. hvdtrain.torch's optimizer submits them in segments
-  (HVDTRAIN_SEGMENT_BYTES; 0 for Horovod's way, each on its own): a segment is ready for the
+  (HVDTRAIN_SEGMENT_BYTES; 0 for Horovod's way, each on its own), which the model plans with the
+  optimizer's own planner (hvdtrain/core/fusion.py, plan_segments): a segment is ready for the
   engine when its last gradient is.
 - The engine works in cycles (HOROVOD_CYCLE_TIME): woken by a ready gradient, it collects for
   one cycle time, or until it has finished the previous cycle's reductions, whichever is later;
   then it fuses every ready gradient, in order, into buffers of at most
   HOROVOD_FUSION_THRESHOLD bytes (a larger tensor goes alone) and reduces them one after
-  another.
+  another, as the engine's own planner (fusion.plan_batches) batches them.
 - A buffer of B bytes over N ranks costs a ring allreduce: 2(N-1) steps, each moving B/N bytes
   over a link and paying its latency once, so 2(N-1)/N * B / bandwidth + 2(N-1) * latency.
   In a flat ring over hosts x slots every step waits for the slowest link the ring crosses
@@ -38,6 +39,12 @@ import itertools
 import math
 from dataclasses import dataclass
 from typing import Iterable, Tuple
+
+from hvdtrain.core.fusion import plan_batches, plan_segments
+from hvdtrain.core.settings import Settings
+
+# Every gradient of the model is of one dtype on one device: one bucket, and one fusion key.
+ONE_KEY = 0
 
 # Backward computes, for each layer, the gradient of its input and of its weights, each about
 # as costly as the layer's forward: 2/3 of forward + backward (the optimizer's update is a
@@ -129,8 +136,6 @@ def step_s(workload, hosts, slots, network, fusion_threshold_bytes=None, cycle_t
     """Seconds of one training step on every rank of `hosts` x `slots` (see the module's doc).
     The engine's and the optimizer's settings default to hvdtrain's
     (hvdtrain.core.settings.Settings)."""
-    from hvdtrain.core.settings import Settings  # here, not at import: the `hvdtrain` command imports this module
-
     if fusion_threshold_bytes is None:
         fusion_threshold_bytes = Settings.fusion_threshold_bytes
     if cycle_time_s is None:
@@ -140,8 +145,9 @@ def step_s(workload, hosts, slots, network, fusion_threshold_bytes=None, cycle_t
     if hosts * slots == 1:
         return workload.compute_s  # one rank reduces nothing, as Horovod's DistributedOptimizer
     backward_s = workload.backward_fraction * workload.compute_s
-    runs = segments(workload.gradient_bytes, segment_bytes)
-    sizes = [sum(run) for run in runs]
+    gradients = workload.gradient_bytes
+    runs = plan_segments([(ONE_KEY, nbytes) for nbytes in gradients], segment_bytes)
+    sizes = [sum(gradients[i] for i in run) for run in runs]
     # backward's progress when each segment's last gradient is ready
     last = list(itertools.accumulate(len(run) for run in runs))
     ready = [backward_s * count / last[-1] for count in last]
@@ -179,29 +185,11 @@ def step_s(workload, hosts, slots, network, fusion_threshold_bytes=None, cycle_t
     return workload.compute_s - backward_s + now
 
 
-def segments(sizes, segment_bytes):
-    """The gradients' sizes grouped as the optimizer submits them (hvdtrain.torch.optimizer's
-    _segment_members): runs in backward order, each closed once it holds `segment_bytes` or more
-    (0: each gradient on its own)."""
-    runs = []
-    for nbytes in sizes:
-        if runs and sum(runs[-1]) < segment_bytes:
-            runs[-1].append(nbytes)
-        else:
-            runs.append([nbytes])
-    return runs
-
-
 def fused_buffers(sizes, fusion_threshold_bytes):
-    """The bytes of each buffer that tensors of `sizes`, ready together, are fused into, in
-    order: a buffer takes tensors until the next one would pass the threshold (0: no fusion)."""
-    buffers = []
-    for nbytes in sizes:
-        if buffers and buffers[-1] + nbytes <= fusion_threshold_bytes:
-            buffers[-1] += nbytes
-        else:
-            buffers.append(nbytes)
-    return buffers
+    """The bytes of each buffer that tensors of `sizes`, ready together, are fused into, in the
+    order the engine reduces them."""
+    batches = plan_batches([(ONE_KEY, nbytes) for nbytes in sizes], fusion_threshold_bytes)
+    return [sum(sizes[i] for i in batch) for batch in batches]
 
 
 def efficiency(workload, hosts, slots, network, **engine):

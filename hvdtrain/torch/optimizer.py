@@ -6,7 +6,7 @@ step() waits for them. From the second step on, where gradients are set to None 
 and each step has one backward pass, only the gradient that completed each segment in the
 step before keeps a hook: it checks that the segment's other gradients are in and new, and
 submits. Each Python hook costs the thread that runs backward microseconds, which a GPU loop
-bound by its host pays in full (README); where the check fails (backward's order changed,
+bound by its host pays in full (docs/gpu.md); where the check fails (backward's order changed,
 gradients not set to None), step() submits that segment and every gradient is hooked again.
 
 Unlike Horovod, the gradients of dense parameters live in one flat tensor per device kind and
@@ -16,7 +16,7 @@ computed its last gradient, so nothing waits on the host until the update reads 
 A segment is a run of parameters next to each other in the bucket, in the order backward
 reaches them, of about HVDTRAIN_SEGMENT_BYTES (DDP's bucket_cap_mb): it goes to the engine as
 one region. Submitting each gradient on its own costs the training thread and the engine some
-20 us a tensor, which on a GPU is a large part of a step (README). Backward computes into
+20 us a tensor, which on a GPU is a large part of a step (docs/benchmarks.md, docs/gpu.md). Backward computes into
 autograd's own gradient tensors, as without hvdtrain (zero_grad() sets them to None); a
 segment's are copied into its region in one batched copy when it is submitted, and from then on
 p.grad is the parameter's view of the bucket.
@@ -225,7 +225,7 @@ HUGE_PAGE_BYTES = 2 << 20
 def _huge_page_zeros(numel, dtype):
     """A flat tensor of zeros on transparent huge pages where Linux offers them. MPI's
     shared-memory transport reduced ResNet-101's 178 MB of gradients 1.3x as fast from huge
-    pages as from torch's own allocation, which gets 4 KiB pages (README, "Benchmarks")."""
+    pages as from torch's own allocation, which gets 4 KiB pages (docs/benchmarks.md)."""
     nbytes = numel * dtype.itemsize
     # A smaller bucket would still get (and fill) a whole huge page.
     if nbytes < HUGE_PAGE_BYTES or not hasattr(mmap, "MADV_HUGEPAGE"):

@@ -25,8 +25,7 @@ from hvdtrain.core.exits import EXIT_CONFIG, EXIT_PREEMPTED, exit_status
 from hvdtrain.run import devices
 from hvdtrain.run.config import ConfigError, typed
 from hvdtrain.run.job import launcher_rank
-from hvdtrain.run.preemption import clear_notice
-from hvdtrain.run.run_dir import claim_run_dir, load_run_config
+from hvdtrain.run.run_dir import load_run_config
 from hvdtrain.run.tensorflow_startup import import_tensorflow
 from hvdtrain.training import fault_tolerance
 
@@ -35,8 +34,9 @@ def main():
     from hvdtrain import core
 
     run_dir = Path(sys.argv[1])
+    core.init()  # the training loop's hvd.init() then finds it started and does nothing
     try:
-        cfg, run_dir = _rank_0_run(lambda: (_read_run_config(run_dir), run_dir))
+        cfg, _ = _from_rank_0(_read_run_config(run_dir) if core.rank() == 0 else None, run_dir)
     except ConfigError as error:
         if core.rank() == 0:  # every rank has it; one says it
             print(f"hvdtrain: {error}", file=sys.stderr, flush=True)
@@ -44,39 +44,31 @@ def main():
     _train_or_exit(cfg, run_dir)
 
 
-def train_in_existing_job(checked_config, own_dir):
-    """Every rank of a job that mpirun or srun started with `hvdtrain` itself: rank 0 alone
-    calls `checked_config()` (the run's config, the saved one where it resumes, or None where
-    there is nothing left to train) and claims its own run directory `own_dir`; every rank trains
-    with those."""
-    def claim():
-        cfg = checked_config()
-        if cfg is not None:
-            claim_run_dir(cfg, own_dir)
-            clear_notice(own_dir)
-        return cfg, own_dir
+def train_in_existing_job(decided, own_dir):
+    """Every rank of a job that mpirun or srun started with `hvdtrain` itself, each with a run
+    directory `own_dir` of its own making: rank 0's config and run directory are the run's.
+    `decided`, on rank 0 only: the config it checked and claimed its run directory for, None
+    where there is nothing left to train, or the ConfigError that refused it."""
+    from hvdtrain import core
 
-    cfg, run_dir = _rank_0_run(claim)
+    core.init()
+    cfg, run_dir = _from_rank_0(decided, own_dir)
     if own_dir != run_dir and own_dir.is_dir() and not any(own_dir.iterdir()):
         own_dir.rmdir()  # Hydra made one on this rank too, a second later than on rank 0
     if cfg is not None:
         _train_or_exit(cfg, run_dir)
 
 
-def _rank_0_run(prepare):
-    """On every rank, the (config or None, run directory) that `prepare()` returns on rank 0, the
-    only rank that calls it. A ConfigError there is raised on every rank, so that none waits for a
-    config that will not come."""
+def _from_rank_0(decided, run_dir):
+    """On every rank, rank 0's (config or None, run directory), from rank 0's `decided` (its
+    config, None, or a ConfigError) and `run_dir`; the other ranks' are not read. A ConfigError on
+    rank 0 is raised on every rank, so that none waits for a config that will not come."""
     from hvdtrain import core
 
-    core.init()  # the training loop's hvd.init() then finds it started and does nothing
     message = None
     if core.rank() == 0:
-        try:
-            cfg, run_dir = prepare()
-            message = (cfg and OmegaConf.to_container(cfg, resolve=True), str(run_dir), None)
-        except ConfigError as error:
-            message = (None, None, str(error))
+        message = ((None, None, str(decided)) if isinstance(decided, ConfigError)
+                   else (decided and OmegaConf.to_container(decided, resolve=True), str(run_dir), None))
     container, run_dir, problem = core.broadcast_object(message, root_rank=0, name="run_config")
     if problem:
         raise ConfigError(problem)
@@ -84,11 +76,12 @@ def _rank_0_run(prepare):
 
 
 def _read_run_config(run_dir):
+    """The run's config, or the ConfigError that says why rank 0 cannot read it."""
     path = run_dir / "config.yaml"
     try:
         return load_run_config(path)
     except (OSError, yaml.YAMLError, OmegaConfBaseException) as error:
-        raise ConfigError(f"rank 0 cannot read the run's config {path}: {type(error).__name__}: {error}") from None
+        return ConfigError(f"rank 0 cannot read the run's config {path}: {type(error).__name__}: {error}")
 
 
 def _agreed_device_or_exit(cfg):

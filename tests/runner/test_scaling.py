@@ -7,7 +7,7 @@ import pytest
 
 from hvdtrain.core.settings import Settings
 from hvdtrain.scaling.step_time import (Link, Network, Overlap, Workload, allreduce_s, efficiency, fit_link, fused_buffers,
-                                     ring_allreduce_s, samples_per_s, segments, step_s)
+                                     ring_allreduce_s, samples_per_s, step_s)
 
 GIGABYTE = 10**9
 ONE_SECOND_A_GIGABYTE = Link(gbps=8.0, latency_us=5.0)  # 1e9 bytes take 1 s to cross
@@ -108,12 +108,6 @@ def test_the_engine_defaults_are_hvdtrains():
     assert step_s(workload(sizes), 4, 2, NETWORK) == step_s(
         workload(sizes), 4, 2, NETWORK, fusion_threshold_bytes=Settings.fusion_threshold_bytes,
         cycle_time_s=Settings.cycle_time_s, segment_bytes=Settings.segment_bytes)
-
-
-def test_segments_group_gradients_in_backward_order_as_the_optimizer_does():
-    assert segments([3, 3, 3, 5, 1], 6) == [[3, 3], [3, 5], [1]]
-    assert segments([7, 1], 6) == [[7], [1]]  # a gradient of the segment's size or more closes it
-    assert segments([3, 3], 0) == [[3], [3]]  # HVDTRAIN_SEGMENT_BYTES=0: each on its own
 
 
 def test_a_segment_waits_for_its_last_gradient():

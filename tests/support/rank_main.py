@@ -12,11 +12,15 @@ import importlib.util
 import os
 import sys
 import traceback
+from pathlib import Path
 
 REPORT = "@@check"
+TESTS = Path(__file__).resolve().parent.parent  # where a test file imports `support` from, as under pytest
 
 
 def load(path):
+    if str(TESTS) not in sys.path:
+        sys.path.insert(0, str(TESTS))
     spec = importlib.util.spec_from_file_location("rank_test_module", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
