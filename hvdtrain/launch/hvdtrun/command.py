@@ -169,16 +169,16 @@ def build_parser():
                                                  "does.",
                      epilog="Other horovodrun flags are refused, each with the reason.")
     parser.add_argument("-v", "--version", action="version", version=f"hvdtrun (hvdtrain {__version__})")
-    parser.add_argument("-np", "--num-proc", dest="num_proc", type=positive_int, help="ranks to start")
+    parser.add_argument("-np", "--num-proc", dest="num_proc", type=positive_int, metavar="N", help="ranks to start")
     parser.add_argument("-cb", "--check-build", action="store_true", help="show what this install supports")
-    parser.add_argument("--start-timeout", type=positive_int,
+    parser.add_argument("--start-timeout", type=positive_int, metavar="S",
                         help=f"seconds until every rank has started ({START_TIMEOUT_VARIABLE}, else "
                              f"{DEFAULT_START_TIMEOUT_S})")
     parser.add_argument("--network-interfaces", "--network-interface", dest="network_interfaces", default=[],
-                        action=_Interfaces, help="interfaces for MPI's and NCCL's traffic, NAME[,NAME]")
+                        action=_Interfaces, metavar="NAME[,NAME]", help="interfaces for MPI's and NCCL's traffic")
     parser.add_argument("--verbose", action="store_true",
                         help="show the mpirun command and when all ranks have started")
-    parser.add_argument("command", nargs=argparse.REMAINDER, help="the command every rank runs")
+    parser.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND", help="the command every rank runs")
     groups = {None: parser}
 
     def group(title):
@@ -187,21 +187,24 @@ def build_parser():
         return groups[title]
 
     tuning = group("tuneable parameter arguments")
-    tuning.add_argument("--fusion-threshold-mb", type=non_negative_int, help="HOROVOD_FUSION_THRESHOLD, in MiB")
-    tuning.add_argument("--cycle-time-ms", type=non_negative_float, help="HOROVOD_CYCLE_TIME")
-    tuning.add_argument("--cache-capacity", type=non_negative_int, help="HOROVOD_CACHE_CAPACITY")
+    tuning.add_argument("--fusion-threshold-mb", type=non_negative_int, metavar="MB",
+                        help="HOROVOD_FUSION_THRESHOLD, in MiB")
+    tuning.add_argument("--cycle-time-ms", type=non_negative_float, metavar="MS", help="HOROVOD_CYCLE_TIME")
+    tuning.add_argument("--cache-capacity", type=non_negative_int, metavar="N", help="HOROVOD_CACHE_CAPACITY")
     flexible = group("elastic arguments")
-    flexible.add_argument("--min-np", "--min-num-proc", dest="min_np", type=positive_int,
+    flexible.add_argument("--min-np", "--min-num-proc", dest="min_np", type=positive_int, metavar="N",
                           help="the fewest ranks to run on (default -np)")
-    flexible.add_argument("--max-np", "--max-num-proc", dest="max_np", type=positive_int, help="the most ranks")
-    flexible.add_argument("--slots-per-host", type=positive_int,
+    flexible.add_argument("--max-np", "--max-num-proc", dest="max_np", type=positive_int, metavar="N",
+                          help="the most ranks")
+    flexible.add_argument("--slots-per-host", type=positive_int, metavar="N",
                           help="slots of a host the discovery script prints without them (default 1)")
-    flexible.add_argument("--elastic-timeout", type=positive_int,
+    flexible.add_argument("--elastic-timeout", type=positive_int, metavar="S",
                           help=f"the longest wait for --min-np slots (default {DEFAULT_ELASTIC_TIMEOUT_S} s)")
-    flexible.add_argument("--reset-limit", type=non_negative_int, help="the most restarts")
+    flexible.add_argument("--reset-limit", type=non_negative_int, metavar="N", help="the most restarts")
     timeline = group("timeline arguments")
-    timeline.add_argument("--timeline-filename", help="HOROVOD_TIMELINE")
-    timeline.add_argument("--timeline-mark-cycles", action="store_const", const=True, help="HOROVOD_TIMELINE_MARK_CYCLES")
+    timeline.add_argument("--timeline-filename", metavar="FILE", help="HOROVOD_TIMELINE")
+    timeline.add_argument("--timeline-mark-cycles", action="store_const", const=True,
+                          help="HOROVOD_TIMELINE_MARK_CYCLES")
     # The negations are horovodrun's too (hidden from its help): they state its defaults explicitly.
     timeline.add_argument("--no-timeline-mark-cycles", dest="timeline_mark_cycles", action="store_const", const=False,
                           help=argparse.SUPPRESS)
@@ -209,17 +212,20 @@ def build_parser():
     stall.add_argument("--no-stall-check", action="store_const", const=True, help="HOROVOD_STALL_CHECK_DISABLE")
     stall.add_argument("--stall-check", dest="no_stall_check", action="store_const", const=False,
                        help=argparse.SUPPRESS)
-    stall.add_argument("--stall-check-warning-time-seconds", type=non_negative_int,
+    stall.add_argument("--stall-check-warning-time-seconds", type=non_negative_int, metavar="S",
                        help="HOROVOD_STALL_CHECK_TIME_SECONDS")
-    stall.add_argument("--stall-check-shutdown-time-seconds", type=non_negative_int,
+    stall.add_argument("--stall-check-shutdown-time-seconds", type=non_negative_int, metavar="S",
                        help="HOROVOD_STALL_SHUTDOWN_TIME_SECONDS")
-    group("library arguments").add_argument("--mpi-args", help="more mpirun arguments, split as a shell would")
-    group("logging arguments").add_argument("--log-level", type=str.upper, choices=LOG_LEVELS,
-                                            help="HOROVOD_LOG_LEVEL")
+    group("library arguments").add_argument("--mpi-args", metavar="ARGS",
+                                            help="more mpirun arguments, split as a shell would")
+    group("logging arguments").add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, metavar="LEVEL",
+                                            help=f"HOROVOD_LOG_LEVEL: {', '.join(LOG_LEVELS)}")
     hosts = group("host arguments")
-    hosts.add_argument("-H", "--hosts", help="hosts and their slots, NAME:SLOTS,... (default: localhost:N)")
-    hosts.add_argument("-hostfile", "--hostfile", help="a file of hosts, a line NAME slots=SLOTS")
-    hosts.add_argument("--host-discovery-script",
+    hosts.add_argument("-H", "--hosts", metavar="NAME:SLOTS,...",
+                       help="hosts and their slots (a name alone: one slot; default: localhost:N)")
+    hosts.add_argument("-hostfile", "--hostfile", metavar="FILE",
+                       help="a file of hosts, a line NAME slots=SLOTS, NAME:SLOTS or NAME")
+    hosts.add_argument("--host-discovery-script", metavar="SCRIPT",
                        help="an elastic job's hosts: a program printing HOST or HOST:SLOTS a line")
     for title, flags in REFUSED.items():
         for option_strings, reason in flags.items():
