@@ -16,10 +16,10 @@ computed its last gradient, so nothing waits on the host until the update reads 
 A segment is a run of parameters next to each other in the bucket, in the order backward
 reaches them, of about HVDTRAIN_SEGMENT_BYTES (DDP's bucket_cap_mb): it goes to the engine as
 one region. Submitting each gradient on its own costs the training thread and the engine some
-20 us a tensor, which on a GPU is a large part of a step (docs/benchmarks.md, docs/gpu.md). Backward computes into
-autograd's own gradient tensors, as without hvdtrain (zero_grad() sets them to None); a
-segment's are copied into its region in one batched copy when it is submitted, and from then on
-p.grad is the parameter's view of the bucket.
+20 us a tensor, which on a GPU is a large part of a step (docs/benchmarks.md, docs/gpu.md).
+Backward computes into autograd's own gradient tensors, as without hvdtrain (zero_grad() sets
+them to None); a segment's are copied into its region in one batched copy when it is submitted,
+and from then on p.grad is the parameter's view of the bucket.
 
 Sparse gradients (nn.Embedding(sparse=True)) stay out of the buckets: they are reduced by
 allgathering their indices and values, as Horovod does, or densified with sparse_as_dense=True;
