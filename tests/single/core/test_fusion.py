@@ -14,7 +14,8 @@ from hvdtrain.core.settings import Settings
 
 def test_segments_close_once_they_hold_segment_bytes_and_keep_to_one_bucket():
     # Backward order of float32 parameters of 10, 300, 20, 500, 40, 60 elements with one of 7
-    # float64 elements between the 20 and the 500 (test_distributed_optimizer's model).
+    # float64 elements between the 20 and the 500 (the model of the optimizer's segments test in
+    # tests/single/torch/test_optimizer.py).
     gradients = [("f32", 240), ("f32", 160), ("f32", 2000), ("f64", 56), ("f32", 80), ("f32", 1200), ("f32", 40)]
     assert plan_segments(gradients, 1000) == [[0, 1, 2], [3], [4, 5], [6]]
     assert plan_segments(gradients, 1 << 20) == [[0, 1, 2], [3], [4, 5, 6]]

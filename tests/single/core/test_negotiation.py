@@ -1,104 +1,25 @@
-"""Negotiation: ranks that submit in different orders and at different times still get exact
-results, through the coordinator and through the response cache (hits, invalidation when a
-shape changes, eviction when the cache is small or off); and the two parts on their own:
-ResponseCache and Coordinator."""
+"""The two parts of negotiation (hvdtrain/core/negotiation.py) on their own, in this process: the
+ResponseCache (least recently used eviction, ids that every rank assigns alike, capacity 0) and
+the Coordinator (a response once every rank has submitted, allgather rows, each mismatched field
+named with the ranks, join bookkeeping, stall reports and the stall shutdown). Out-of-order
+submission on real ranks is in tests/parallel/core/test_negotiation.py."""
 
-import os
 import random
-import threading
 import time
 
-import numpy as np
 import pytest
 
-from hvdtrain import core
 from hvdtrain.core import ReduceOp
 from hvdtrain.core.negotiation import Coordinator, ResponseCache
 from hvdtrain.core.requests import Kind, Request
 from hvdtrain.core.settings import Settings
 
-NAMES = 200
-STEPS = 5
-SHAPE_CHANGE_STEP = 3  # from this step on, some tensors have another shape
-
-
-def tensor(i, step, rank, n):
-    """Tensor i of a step on `rank`: (kind, array, options, expected result)."""
-    changed = step >= SHAPE_CHANGE_STEP
-
-    def data(r, shape, dtype):
-        return ((np.arange(int(np.prod(shape))) + 3 * r + i + 5 * step) % 50).reshape(shape).astype(dtype)
-
-    if i % 10 == 3:  # allgather, with rows that differ per rank (and change on rank 1 only)
-        def rows(r):
-            return 1 + r % 3 + (changed and r == 1)
-        return (Kind.ALLGATHER, data(rank, (rows(rank), 2), np.int64), {},
-                np.concatenate([data(r, (rows(r), 2), np.int64) for r in range(n)]))
-    if i % 10 == 7:
-        root = i % n
-        return Kind.BROADCAST, data(rank, (4,), np.float32), {"root_rank": root}, data(root, (4,), np.float32)
-    shape = (i % 5 + 1 + (changed and i % 20 == 0), 3)
-    dtype, op = ((np.int32, ReduceOp.SUM), (np.float64, ReduceOp.MAX), (np.float32, ReduceOp.SUM))[i % 3]
-    inputs = np.stack([data(r, shape, dtype) for r in range(n)])
-    expected = (inputs.sum(0) if op == ReduceOp.SUM else inputs.max(0)).astype(dtype)
-    return Kind.ALLREDUCE, data(rank, shape, dtype), {"op": op}, expected
-
-
-SUBMIT = {Kind.ALLREDUCE: core.allreduce_async, Kind.ALLGATHER: core.allgather_async,
-          Kind.BROADCAST: core.broadcast_async}
-
-
-def run_steps(n, me):
-    for step in range(STEPS):
-        rng = random.Random(f"{me}.{step}")
-        order = rng.sample(range(NAMES), NAMES)
-        tensors = {i: tensor(i, step, me, n) for i in order}
-        handles = {}
-
-        def submit(indices):
-            for i in indices:
-                kind, array, options, _ = tensors[i]
-                handles[i] = SUBMIT[kind](array, name=f"t{i}", **options)
-                if rng.random() < 0.1:
-                    time.sleep(rng.uniform(0, 0.003))
-
-        if step == 1:  # from two threads at once
-            helper = threading.Thread(target=submit, args=(order[1::2],))
-            helper.start()
-            submit(order[::2])
-            helper.join()
-        else:
-            submit(order)
-        for i in order:
-            got = handles[i].wait()
-            expected = tensors[i][3]
-            assert got.dtype == expected.dtype and np.array_equal(got, expected), \
-                f"step {step}, tensor t{i} on rank {me}: {got} != {expected}"
-
-
-def ranks_out_of_order():
-    """The same steps with the cache at its default size, off, and too small for the names."""
-    for capacity, cached_names in ((None, NAMES), ("0", 0), ("7", 7)):
-        os.environ.pop("HOROVOD_CACHE_CAPACITY", None)
-        if capacity is not None:
-            os.environ["HOROVOD_CACHE_CAPACITY"] = capacity
-        core.init()
-        run_steps(core.size(), core.rank())
-        # The cache is internal; its size shows which path the steps took.
-        assert len(core.running_engine()._cache) == cached_names, (capacity, len(core.running_engine()._cache))
-        core.shutdown()
-
-
-@pytest.mark.parametrize("num_proc", [2, 3, 4])
-def test_out_of_order_and_late_submission(mpirun, num_proc):
-    mpirun(num_proc, ranks_out_of_order, timeout=180)
-
-
-# ----------------------------------------------------------------------------- ResponseCache
-
 
 def request(name, shape=(2,), **fields):
     return Request(name, fields.pop("kind", Kind.ALLREDUCE), fields.pop("dtype", "float32"), shape, **fields)
+
+
+# ----------------------------------------------------------------------------- ResponseCache
 
 
 def cache_with(capacity, names):

@@ -1,12 +1,21 @@
-"""Reductions on real ranks give exactly what NumPy computes from every rank's known inputs:
-allreduce for every op, scale factor, dtype and shape (in place, into an output, grouped),
-reducescatter, tensors in a bucket, and the same bits whatever the fusion settings.
+"""Reductions in host memory on real ranks (hvdtrain/core/mpi_backend.py) give exactly what NumPy
+computes from every rank's known inputs: allreduce for every op, scale factor, dtype and shape (in
+place, into an output, grouped), reducescatter, tensors in a bucket, on 2, 3 and 4 ranks and alone;
+the same bits whatever the fusion settings and on every rank; and Horovod's scaling for every
+reducible dtype.
 
 Inputs are small integers (times 1/4 for floats) and scale factors are powers of two, so every
 sum, product and scaling is exact in every dtype and results compare bit for bit. One exception:
 AVERAGE on a float dtype when the size is not a power of two. The engine multiplies by
 postscale/size rounded to the dtype, as Horovod does, so the result may differ from the
 correctly rounded quotient by a unit in the last place; those compare within 2 eps relative.
+
+The scaling checks use factors that are not powers of two: each rank's input is scaled, the
+scaled inputs are reduced, the result is scaled, and a scaling is done as Horovod's ScaleBuffer
+does it: integers in float64 and truncated, float32 and float64 in their own precision, float16
+and bfloat16 in float32 (a factor rounded to 16 bits is off by as much as the result's own
+rounding). The reference is computed in float64 with those roundings, and results must equal it
+exactly: Horovod's own tolerance at 3 ranks or fewer is 0.
 """
 
 import itertools
@@ -20,6 +29,7 @@ import pytest
 
 from hvdtrain import core
 from hvdtrain.core import ReduceOp
+from hvdtrain.core.mpi_backend import REDUCIBLE_DTYPES
 from hvdtrain.core.requests import numpy_dtype
 
 DTYPES = ("uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64")
@@ -93,9 +103,14 @@ def mismatch(label, got, expected, dtype, op):
             f"got {values.reshape(-1)[where[0]]}, expected {expected.reshape(-1)[where[0]]}")
 
 
-def check_allreduce(n, me):
+# ----------------------------------------------------------------------------- allreduce, reducescatter
+
+
+def allreduce_is_exact_for_every_op_scale_dtype_shape_and_form():
     """Every (op, scale) x dtype x shape, submitted in five ways (in place by default, in place
     through output=input, into an output, grouped in place, grouped into outputs)."""
+    core.init()
+    n, me = core.size(), core.rank()
     launched = []
     for (r, (op, prescale, postscale)), (d, dtype) in itertools.product(enumerate(REDUCTIONS), enumerate(DTYPES)):
         shapes = SMALL_SHAPES
@@ -129,11 +144,13 @@ def check_allreduce(n, me):
             failures.append(mismatch(label, got, expected, dtype, op))
     failures = [f for f in failures if f]
     assert not failures, f"{len(failures)} wrong allreduce results on rank {me}:\n" + "\n".join(failures[:30])
+    core.shutdown()
 
 
-def check_reducescatter(n, me):
-    """Uneven first dimensions: the first `rows % n` ranks get one extra row; with n - 1 rows the
-    last rank gets none."""
+def reducescatter_is_exact_with_uneven_first_dimensions():
+    """The first `rows % n` ranks get one extra row; with n - 1 rows the last rank gets none."""
+    core.init()
+    n, me = core.size(), core.rank()
     failures = []
     for case, ((rows, trailing), dtype, (op, prescale, postscale)) in enumerate(itertools.product(
         ((2 * n + 1, (3,)), (n - 1, (2, 2)), (4 * n, ())), ("int32", "bfloat16", "float32", "float64"),
@@ -148,31 +165,17 @@ def check_reducescatter(n, me):
         failures.append(mismatch(f"reducescatter {rows} rows {dtype} {op.name} x{prescale}", got, expected, dtype, op))
     failures = [f for f in failures if f]
     assert not failures, f"wrong reducescatter results on rank {me}:\n" + "\n".join(failures)
+    core.shutdown()
 
 
-def ranks_reductions():
-    core.init()
-    n, me = core.size(), core.rank()
-    check_allreduce(n, me)
-    check_reducescatter(n, me)
-
-
-@pytest.mark.parametrize("num_proc", [2, 3, 4])
-def test_reductions_are_exact(mpirun, num_proc):
-    mpirun(num_proc, ranks_reductions, timeout=180)
-
-
-def test_reductions_alone(alone):
-    alone(ranks_reductions)
-
-
-# ----------------------------------------------------------------------------- fusion settings
+# ----------------------------------------------------------------------------- fusion settings, bits
 
 FUSION_SETTINGS = (
     {"HOROVOD_FUSION_THRESHOLD": "0"},
     {},
     {"HOROVOD_FUSION_THRESHOLD": str(64 * 1024), "HVDTRAIN_CHUNK_BYTES": str(16 * 1024)},
 )
+FUSION_VARIABLES = ("HOROVOD_FUSION_THRESHOLD", "HVDTRAIN_CHUNK_BYTES")
 FUSION_WORKLOAD = [  # (elements, dtype, op, prescale, postscale)
     (elements, dtype, op, prescale, postscale)
     for elements in (0, 1, 3, 100, 1000, 5000, 20000, 70000)
@@ -202,28 +205,29 @@ def reduce_workload(n, me):
     return results
 
 
-def ranks_fusion_settings_agree():
+def fused_and_unfused_results_are_identical():
     """The same workload under each FUSION_SETTINGS (re-initializing the engine, which reads
-    the environment) gives the same bits."""
+    the environment) gives the same bits. The variables are restored afterwards."""
+    before = {variable: os.environ.pop(variable) for variable in FUSION_VARIABLES if variable in os.environ}
     runs = []
-    for settings in FUSION_SETTINGS:
-        for variable in ("HOROVOD_FUSION_THRESHOLD", "HVDTRAIN_CHUNK_BYTES"):
+    try:
+        for settings in FUSION_SETTINGS:
+            for variable in FUSION_VARIABLES:
+                os.environ.pop(variable, None)
+            os.environ.update(settings)
+            core.init()
+            runs.append(reduce_workload(core.size(), core.rank()))
+            core.shutdown()
+    finally:
+        for variable in FUSION_VARIABLES:
             os.environ.pop(variable, None)
-        os.environ.update(settings)
-        core.init()
-        runs.append(reduce_workload(core.size(), core.rank()))
-        core.shutdown()
+        os.environ.update(before)
     for settings, run in zip(FUSION_SETTINGS[1:], runs[1:]):
         differing = [i for i in run if run[i].tobytes() != runs[0][i].tobytes()]
         assert not differing, f"with {settings} tensors {differing} differ from the unfused run"
 
 
-@pytest.mark.parametrize("num_proc", [2, 3, 4])
-def test_fused_and_unfused_results_are_identical(mpirun, num_proc):
-    mpirun(num_proc, ranks_fusion_settings_agree, timeout=180)
-
-
-def ranks_get_the_same_bits():
+def every_rank_gets_the_same_bits_of_an_inexact_reduction():
     """Inexact float inputs, so that the order of additions and where the scaling happens show
     in the last bits: a large Average (scaled piece by piece), a large Sum, a fused Average."""
     core.init()
@@ -240,11 +244,7 @@ def ranks_get_the_same_bits():
         every_input = core.allgather_async(inputs[None], name=f"{label}.inputs").wait().astype(np.float64)
         expected = every_input.sum(axis=0) / (n if op == ReduceOp.AVERAGE else 1)
         assert np.allclose(result, expected, rtol=1e-5, atol=1e-5), f"{label}: not the {op.name.lower()}"
-
-
-@pytest.mark.parametrize("num_proc", [2, 3, 4])
-def test_every_rank_gets_the_same_bits(mpirun, num_proc):
-    mpirun(num_proc, ranks_get_the_same_bits)
+    core.shutdown()
 
 
 # ----------------------------------------------------------------------------- buckets
@@ -265,7 +265,7 @@ def bucket_regions():
     return regions
 
 
-def ranks_bucket():
+def bucket_regions_are_reduced_in_place_exactly_and_gaps_left_alone():
     core.init()
     n, me = core.size(), core.rank()
     rng = np.random.default_rng(me)  # every rank submits in its own order, with its own delays
@@ -293,13 +293,12 @@ def ranks_bucket():
             expected[slice(*regions[i])] = reduced[slice(*regions[i])]
         failure = mismatch(f"bucket step {step} (tensors {list(in_flight)})", flat, expected, "float32", op)
         assert failure is None, failure
-
-    if n > 1:
-        check_bucket_mismatch(n, me)
+    core.shutdown()
 
 
-def check_bucket_mismatch(n, me):
-    """A layout that differs between ranks fails on every rank and leaves the data alone."""
+def a_bucket_layout_that_differs_between_ranks_fails_everywhere_and_leaves_the_data_alone():
+    core.init()
+    n, me = core.size(), core.rank()
     flat = np.arange(10, dtype=np.float32) + me
     offset = 2 if me == 1 else 0
     with pytest.raises(core.TensorMismatchError) as raised:
@@ -313,79 +312,123 @@ def check_bucket_mismatch(n, me):
     assert flat.tolist() == (np.arange(10) + me).tolist()
     assert core.allreduce_async(flat, name="bucket.after", op=ReduceOp.SUM).wait().tolist() == \
         (np.arange(10) * n + n * (n - 1) // 2).tolist()
+    core.shutdown()
 
 
-def ranks_bucket_misuse():
-    core.init()
-    flat = np.zeros(10, np.float32)
-    with pytest.raises(ValueError, match="does not lie inside bucket 'b'"):
-        core.allreduce_async(np.zeros(3, np.float32), name="outside", bucket=("b", flat))
-    with pytest.raises(ValueError, match="reduced in place"):
-        core.allreduce_async(flat[:3], name="out_of_place", output=np.zeros(3, np.float32), bucket=("b", flat))
-    with pytest.raises(ValueError, match="bucket 'b' holds float64, not float32"):
-        core.allreduce_async(flat[:3], name="wrong_dtype", bucket=("b", np.zeros(10, np.float64)))
+# ----------------------------------------------------------------------------- Horovod's scaling
+
+# Large: reduced where it lies in 1 MiB pieces; small: packed into the fusion buffer.
+SCALING_SHAPES = ((17,), (5, 17), (300_000 // 2 * 2,))
+FACTORS = ((1 / 3, 0.7), (0.6180339887, 1 / 7), (2.3, 1.0))  # (prescale, postscale)
 
 
-def test_bucket_misuse_is_refused_at_submission(alone):
-    alone(ranks_bucket_misuse)
+def scaled_as_horovod(values, factor, dtype):
+    """`values` (float64, exact in `dtype`) scaled as Horovod does, rounded to `dtype`, as float64.
+    Horovod multiplies integers in float64, 16-bit floats in float32, others in their own
+    precision; the product of two numbers of 24 bits or fewer is exact in float64, so rounding it
+    to that precision gives what a multiplication in it gives."""
+    compute = np.dtype(np.float64) if dtype.kind in "iu" else np.dtype(np.float32) if dtype.itemsize == 2 else dtype
+    product = np.float64(compute.type(factor)) * values
+    if dtype.kind in "iu":
+        return np.trunc(product)
+    return product.astype(compute).astype(dtype).astype(np.float64)
 
 
-@pytest.mark.parametrize("num_proc", [2, 3])
-def test_bucket_regions_are_exact(mpirun, num_proc):
-    mpirun(num_proc, ranks_bucket, timeout=120)
+def scaling_input(rank, dtype, shape, salt):
+    rng = np.random.default_rng((rank, salt))
+    low, high = {"uint8": (0, 20), "int8": (-20, 20), "uint16": (0, 100)}.get(dtype.name, (-100, 100))
+    return rng.integers(low, high, shape).astype(np.float64)
 
 
-# ----------------------------------------------------------------------------- resubmission
+def scaling_reference(inputs, dtype, op, prescale, postscale):
+    """Sum (or average) of the ranks' scaled inputs; a sum of two values rounded once, as MPI
+    rounds it."""
+    total = sum(scaled_as_horovod(x, prescale, dtype) for x in inputs)
+    if dtype.kind not in "iu":
+        total = total.astype(dtype).astype(np.float64)
+    return scaled_as_horovod(total, postscale / len(inputs) if op == ReduceOp.AVERAGE else postscale, dtype)
 
-def ranks_resubmitted():
-    """Training submits the same array objects under the same names every step, and the engine
-    skips validating them again. Whatever changes between steps (the values, the op, the
-    array's shape, its bucket, its writeability) must still be seen."""
+
+def difference(label, got, expected, dtype):
+    got = np.asarray(got)
+    if got.dtype != dtype:
+        return f"{label}: got dtype {got.dtype}, expected {dtype}"
+    wrong = np.flatnonzero(got.astype(np.float64).reshape(-1) != expected.reshape(-1))
+    if wrong.size == 0:
+        return None
+    i = wrong[0]
+    return (f"{label}: {wrong.size} of {got.size} elements differ, first at {i}: got "
+            f"{got.reshape(-1)[i]!r}, expected {expected.reshape(-1)[i]!r}")
+
+
+def scale_factors_give_horovods_results_for_every_reducible_dtype():
     core.init()
     n, me = core.size(), core.rank()
-    flat = np.zeros(BUCKET_SIZE, np.float32)
-    regions = bucket_regions()
-    views = [flat[start:stop].reshape(shape) for (start, stop), shape in zip(regions, BUCKET_SHAPES)]
+    failures = []
+    for d, dtype in enumerate(map(numpy_dtype, sorted(REDUCIBLE_DTYPES))):
+        for (f, (prescale, postscale)), op in zip(enumerate(FACTORS), (ReduceOp.SUM, ReduceOp.AVERAGE) * 2):
+            options = dict(op=op, prescale_factor=prescale, postscale_factor=postscale)
+            inputs = [[scaling_input(r, dtype, shape, (d, f, s)) for s, shape in enumerate(SCALING_SHAPES)]
+                      for r in range(n)]
+            expected = [scaling_reference([inputs[r][s] for r in range(n)], dtype, op, prescale, postscale)
+                        for s in range(len(SCALING_SHAPES))]
+            mine = [x.astype(dtype) for x in inputs[me]]
+            label = f"{dtype} {op.name} prescale {prescale:.4g} postscale {postscale:.4g}"
 
-    def step(label, op, shapes=BUCKET_SHAPES):
-        inputs = [sample((rank, label), "float32", (BUCKET_SIZE,)) for rank in range(n)]
-        flat[:] = inputs[me]
-        handles = [core.allreduce_async(view, name=f"resubmitted.{i}", op=op, bucket=("grads", flat))
-                   for i, view in enumerate(views)]
-        assert all(h.wait() is view for h, view in zip(handles, views))
-        for view, shape in zip(views, shapes):
-            assert view.shape == shape
-        expected = inputs[me].astype(np.float64)
-        reduced = reference(inputs, op)
-        for start, stop in regions:
-            expected[start:stop] = reduced[start:stop]
-        failure = mismatch(f"step {label}", flat, expected, "float32", op)
-        assert failure is None, failure
+            singles = [core.allreduce_async(x.copy(), name=f"{label} {s}", **options) for s, x in enumerate(mine)]
+            grouped = core.grouped_allreduce_async([x.copy() for x in mine], name=f"{label} grouped", **options)
+            for form, handles in (("allreduce", singles), ("grouped allreduce", grouped)):
+                for s, handle in enumerate(handles):
+                    failures.append(difference(f"{form} {label} shape {SCALING_SHAPES[s]}", handle.wait(),
+                                               expected[s], dtype))
 
-    for label in range(3):
-        step(label, ReduceOp.SUM)
-    step(10, ReduceOp.MAX)
-    views[3].shape = (50, 40)  # the same array object, reshaped in place
-    step(11, ReduceOp.SUM, BUCKET_SHAPES[:3] + ((50, 40),) + BUCKET_SHAPES[4:])
-    if n > 1:
-        if me == 1:
-            views[3].shape = (40, 50)
-        with pytest.raises(core.TensorMismatchError) as raised:
-            core.allreduce_async(views[3], name="resubmitted.3", op=ReduceOp.SUM, bucket=("grads", flat)).wait()
-        assert raised.value.field == "shape", raised.value
-
-    other = np.zeros(BUCKET_SIZE, np.float32)
-    with pytest.raises(ValueError, match="does not lie inside bucket 'grads'"):
-        core.allreduce_async(views[0], name="resubmitted.0", op=ReduceOp.SUM, bucket=("grads", other))
-    views[1].flags.writeable = False
-    with pytest.raises(ValueError, match="read-only"):
-        core.allreduce_async(views[1], name="resubmitted.1", op=ReduceOp.SUM, bucket=("grads", flat))
+            # Reducescatter: each rank gets its rows of the same reduction (the first ranks one more).
+            scattered = [core.reducescatter_async(mine[0].copy(), name=f"{label} rs", **options)]
+            scattered += core.grouped_reducescatter_async([x.copy() for x in mine[1:]], name=f"{label} grouped rs",
+                                                          **options)
+            for s, handle in enumerate(scattered):
+                share = np.array_split(expected[s], n)[me]
+                failures.append(difference(f"reducescatter {label} shape {SCALING_SHAPES[s]}", handle.wait(), share,
+                                           dtype))
+    failures = [f for f in failures if f]
+    assert not failures, "\n".join(failures[:20])
+    core.shutdown()
 
 
-def test_resubmitted_arrays_alone(alone):
-    alone(ranks_resubmitted)
+# ----------------------------------------------------------------------------- the jobs
+
+EXACT = [allreduce_is_exact_for_every_op_scale_dtype_shape_and_form, reducescatter_is_exact_with_uneven_first_dimensions]
+SAME_BITS = [fused_and_unfused_results_are_identical, every_rank_gets_the_same_bits_of_an_inexact_reduction]
+BUCKETS = [bucket_regions_are_reduced_in_place_exactly_and_gaps_left_alone,
+           a_bucket_layout_that_differs_between_ranks_fails_everywhere_and_leaves_the_data_alone]
+SCALING = [scale_factors_give_horovods_results_for_every_reducible_dtype]
+# Which checks each job runs: the buckets need not run on 4 ranks, nor Horovod's scaling on more than 2.
+JOBS = {"alone": EXACT, 2: EXACT + SAME_BITS + BUCKETS + SCALING, 3: EXACT + SAME_BITS + BUCKETS, 4: EXACT + SAME_BITS}
+
+
+def job(ranks, num_proc):
+    if num_proc == "alone":
+        return ranks.alone(JOBS["alone"])
+    return ranks.run(num_proc, JOBS[num_proc], timeout=420)
+
+
+@pytest.mark.parametrize("num_proc", ["alone", 2, 3, 4])
+@pytest.mark.parametrize("check", EXACT, ids=lambda check: check.__name__)
+def test_reductions_are_exact(ranks, check, num_proc):
+    job(ranks, num_proc).assert_passed(check)
+
+
+@pytest.mark.parametrize("num_proc", [2, 3, 4])
+@pytest.mark.parametrize("check", SAME_BITS, ids=lambda check: check.__name__)
+def test_results_are_the_same_bits_whatever_the_fusion_and_the_rank(ranks, check, num_proc):
+    job(ranks, num_proc).assert_passed(check)
 
 
 @pytest.mark.parametrize("num_proc", [2, 3])
-def test_resubmitted_arrays_are_exact(mpirun, num_proc):
-    mpirun(num_proc, ranks_resubmitted, timeout=120)
+@pytest.mark.parametrize("check", BUCKETS, ids=lambda check: check.__name__)
+def test_buckets(ranks, check, num_proc):
+    job(ranks, num_proc).assert_passed(check)
+
+
+def test_scale_factors_give_horovods_results_for_every_reducible_dtype(ranks):
+    job(ranks, 2).assert_passed(scale_factors_give_horovods_results_for_every_reducible_dtype)
