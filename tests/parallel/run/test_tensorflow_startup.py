@@ -1,5 +1,6 @@
-"""TensorFlow's C++ start-up lines (no CUDA driver, cuInit failed, CPU instructions) are not shown
-by the training workers unless the user asks for TensorFlow's own logging."""
+"""TensorFlow's C++ start-up lines (no CUDA driver, cuInit failed, CPU instructions) are not shown by
+the training workers (hvdtrain/run/tensorflow_startup.py), in a process of their own, unless the
+user asks for TensorFlow's own logging."""
 
 import os
 import subprocess
@@ -17,11 +18,13 @@ def start(**variables):
                           text=True, timeout=300)
 
 
-def test_start_up_lines_are_left_out_unless_asked_for():
+def test_start_up_lines_are_left_out():
     quiet = start()
     assert quiet.returncode == 0 and quiet.stdout == "3\n", quiet.stderr
     assert not [line for line in quiet.stderr.splitlines() if any(word in line for word in NOISE)], quiet.stderr
 
+
+def test_start_up_lines_are_shown_where_the_user_asks_for_tensorflows_logging():
     asked = start(TF_CPP_MIN_LOG_LEVEL="0")
     assert asked.returncode == 0 and asked.stdout == "3\n"
     # On a CPU host TensorFlow logs that it found no CUDA driver; the user who asked sees it.
