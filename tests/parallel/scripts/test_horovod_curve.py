@@ -1,5 +1,5 @@
-"""scripts/horovod_curve.py: the model's efficiency for Horovod's published benchmark, from the
-dry runs of `hvdtrain` itself, written as the committed study's CSV and figure."""
+"""scripts/horovod_curve.py, run as a user runs it: the model's efficiency for Horovod's published
+benchmark, from the dry runs of `hvdtrain` itself, written as the committed study's CSV and figure."""
 
 import csv
 import subprocess
@@ -8,7 +8,7 @@ from pathlib import Path
 
 from PIL import Image
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[3]
 STUDY = REPO / "studies" / "horovod_scaling"
 GPUS = [4, 16, 128, 512]  # of the study's 4 ... 512: the ends and the published points, to keep the test short
 
