@@ -1,14 +1,14 @@
-"""hvdtrain.torch, the drop-in for horovod.torch, on real ranks: its collectives
-(hvdtrain/torch/mpi_ops.py) on 2 and 3 ranks, with exact results for every dtype, Horovod's
-signatures and return values (in place, async, poll, the deprecated `average`, alltoall with and
-without splits), Horovod's gradients through every collective, grouped ones and the scale factors
-included, the scale factors per dtype exactly as Horovod computes them, sparse allreduce, join,
-and errors on every rank when ranks disagree; on 4 ranks, gradients through the collectives of a
-process set that stay within it; broadcast_optimizer_state (functions.py), which leaves Horovod's
-zero gradients; SyncBatchNorm (sync_batch_norm.py) on 3 ranks, which normalizes as BatchNorm2d
+"""hvdtrain.torch, the drop-in for horovod.torch, on real ranks. Its collectives
+(hvdtrain/torch/mpi_ops.py) on 2 and 3 ranks: exact results for every dtype; Horovod's signatures
+and return values (in place, async, poll, the deprecated `average`, alltoall with and without
+splits); Horovod's gradients through every collective, grouped ones and the scale factors
+included; the scale factors per dtype exactly as Horovod computes them; sparse allreduce; join;
+errors on every rank when ranks disagree. broadcast_optimizer_state (functions.py) leaves
+Horovod's zero gradients; SyncBatchNorm (sync_batch_norm.py) normalizes on 3 ranks as BatchNorm2d
 over the whole batch. A script written for Horovod runs unchanged on two ranks except for its
 import line (torch/scripts/horovod_digits.py), and importing hvdtrain.torch imports torch, not
-TensorFlow. DistributedOptimizer is in tests/parallel/torch/test_optimizer.py.
+TensorFlow. DistributedOptimizer, and the collectives' gradients within process sets (checked
+where its pairs of ranks train), are in tests/parallel/torch/test_optimizer.py.
 
 Each job of ranks runs all the checks of its size: starting torch on every rank costs seconds."""
 
@@ -506,30 +506,6 @@ COLLECTIVES = [allreduce_is_exact_for_every_dtype_shape_and_op, product_and_scal
                ranks_that_disagree_about_a_shape_all_fail_and_the_engine_goes_on]
 
 
-# ----------------------------------------------------------------------------- process sets
-
-
-def gradients_through_the_collectives_of_a_process_set_stay_within_it():
-    """Allgather's backward takes this rank's rows at its position in the set, reducescatter's
-    (Sum) multiplies by the set's size; broadcast's root is a rank of the job."""
-    pairs = [hvd.ProcessSet([0, 1]), hvd.ProcessSet([2, 3])]
-    hvd.init(process_sets=pairs)
-    r = hvd.rank()
-    mine = pairs[r // 2]
-    position = mine.rank()
-    x = torch.full((position + 1, 2), float(r), requires_grad=True)
-    gathered = hvd.allgather(x, process_set=mine)
-    assert gathered[:, 0].tolist() == [float(k) for k in mine.ranks for _ in range(mine.ranks.index(k) + 1)]
-    (gathered * torch.arange(6.0).reshape(3, 2)).sum().backward()
-    assert torch.equal(x.grad, torch.arange(6.0).reshape(3, 2)[position:2 * position + 1])
-    x = torch.ones(4, requires_grad=True)
-    hvd.reducescatter(x, op=hvd.Sum, process_set=mine).sum().backward()
-    assert torch.equal(x.grad, torch.full((4,), 2.0))
-    assert torch.equal(hvd.broadcast(torch.tensor([float(r)]), mine.ranks[1], process_set=mine),
-                       torch.tensor([float(mine.ranks[1])]))
-    hvd.shutdown()
-
-
 # ----------------------------------------------------------------------------- broadcast_optimizer_state
 
 
@@ -634,8 +610,7 @@ def sync_batch_norm_matches_batch_norm_over_all_ranks():
 # ----------------------------------------------------------------------------- the jobs
 
 JOBS = {2: COLLECTIVES + OPTIMIZER_STATE,
-        3: COLLECTIVES + OPTIMIZER_STATE + [sync_batch_norm_matches_batch_norm_over_all_ranks],
-        4: [gradients_through_the_collectives_of_a_process_set_stay_within_it]}
+        3: COLLECTIVES + OPTIMIZER_STATE + [sync_batch_norm_matches_batch_norm_over_all_ranks]}
 
 
 def job(ranks, num_proc):
@@ -656,7 +631,3 @@ def test_broadcast_optimizer_state_leaves_horovods_zero_gradients(ranks, check, 
 
 def test_sync_batch_norm_matches_batch_norm_over_all_ranks(ranks):
     job(ranks, 3).assert_passed(sync_batch_norm_matches_batch_norm_over_all_ranks)
-
-
-def test_gradients_through_the_collectives_of_a_process_set_stay_within_it(ranks):
-    job(ranks, 4).assert_passed(gradients_through_the_collectives_of_a_process_set_stay_within_it)

@@ -4,7 +4,9 @@ gradients set to None or zeroed, whatever the segments (HVDTRAIN_SEGMENT_BYTES),
 alone hooked from the second step, with groups, with sparse gradients, within a process set and
 outside it; groups and fp16 compression average alike; Horovod's checks of misuse hold; and in a
 job of one rank (HOROVOD_ELASTIC=1, which reduces even there) a step submits one allreduce per
-segment and channels_last gradients keep their layout. Its parts that need no ranks are in
+segment and channels_last gradients keep their layout. Where two pairs of ranks train side by side,
+the gradients of hvdtrain.torch's collectives within a pair's set are checked too (the other
+collectives are in tests/parallel/test_torch.py). Its parts that need no ranks are in
 tests/single/torch/test_optimizer.py."""
 
 import os
@@ -447,6 +449,27 @@ def two_pairs_of_ranks_train_side_by_side_each_like_its_own_large_batch():
     hvd.shutdown()
 
 
+def gradients_through_the_collectives_of_a_pairs_set_stay_within_it():
+    """Allgather's backward takes this rank's rows at its position in the set, reducescatter's
+    (Sum) multiplies by the set's size; broadcast's root is a rank of the job."""
+    pairs = [hvd.ProcessSet([0, 1]), hvd.ProcessSet([2, 3])]
+    hvd.init(process_sets=pairs)
+    r = hvd.rank()
+    mine = pairs[r // 2]
+    position = mine.rank()
+    x = torch.full((position + 1, 2), float(r), requires_grad=True)
+    gathered = hvd.allgather(x, process_set=mine)
+    assert gathered[:, 0].tolist() == [float(k) for k in mine.ranks for _ in range(mine.ranks.index(k) + 1)]
+    (gathered * torch.arange(6.0).reshape(3, 2)).sum().backward()
+    assert torch.equal(x.grad, torch.arange(6.0).reshape(3, 2)[position:2 * position + 1])
+    x = torch.ones(4, requires_grad=True)
+    hvd.reducescatter(x, op=hvd.Sum, process_set=mine).sum().backward()
+    assert torch.equal(x.grad, torch.full((4,), 2.0))
+    assert torch.equal(hvd.broadcast(torch.tensor([float(r)]), mine.ranks[1], process_set=mine),
+                       torch.tensor([float(mine.ranks[1])]))
+    hvd.shutdown()
+
+
 def a_rank_outside_the_optimizers_process_set_trains_alone():
     """Horovod creates the optimizer on every rank; outside the set it reduces nothing, and nobody
     hangs: a global collective afterwards pairs up."""
@@ -490,7 +513,8 @@ JOBS = {
     (3, None): EQUIVALENCE + CLOSERS + GROUPS + RULES + SPARSE + [a_rank_outside_the_optimizers_process_set_trains_alone],
     (3, "0"): EQUIVALENCE + CLOSERS,
     (3, "20000"): EQUIVALENCE,
-    (4, None): EQUIVALENCE + [two_pairs_of_ranks_train_side_by_side_each_like_its_own_large_batch],
+    (4, None): EQUIVALENCE + [two_pairs_of_ranks_train_side_by_side_each_like_its_own_large_batch,
+                              gradients_through_the_collectives_of_a_pairs_set_stay_within_it],
 }
 
 
@@ -526,8 +550,11 @@ def test_a_rank_outside_the_optimizers_process_set_trains_alone(ranks):
     job(ranks, 3).assert_passed(a_rank_outside_the_optimizers_process_set_trains_alone)
 
 
-def test_two_pairs_of_ranks_train_side_by_side_each_like_its_own_large_batch(ranks):
-    job(ranks, 4).assert_passed(two_pairs_of_ranks_train_side_by_side_each_like_its_own_large_batch)
+@pytest.mark.parametrize("check", [two_pairs_of_ranks_train_side_by_side_each_like_its_own_large_batch,
+                                   gradients_through_the_collectives_of_a_pairs_set_stay_within_it],
+                         ids=lambda check: check.__name__)
+def test_two_pairs_of_ranks_side_by_side(ranks, check):
+    job(ranks, 4).assert_passed(check)
 
 
 # ----------------------------------------------------------------------------- a job of one rank
