@@ -116,12 +116,23 @@ class RankChecks:
         `num_proc` ranks, with `args` and `env`; the job runs at the first call and is kept."""
         key = (num_proc, tuple(check.__name__ for check in checks), args, tuple(sorted((env or {}).items())),
                tuple(hosts or ()), tuple(extra_args))
+        return self._job(key, checks, args, env, timeout, num_proc, _where(num_proc, hosts),
+                         lambda program, env: _launch(num_proc, program, timeout, env, hosts, extra_args))
+
+    def alone(self, checks, *args, timeout=180, env=None):
+        """The reports of `checks` run in turn in one plain `python` process, without mpirun (a
+        job of size 1, as run_alone runs one function); the job runs at the first call and is kept."""
+        key = ("alone", tuple(check.__name__ for check in checks), args, tuple(sorted((env or {}).items())))
+        return self._job(key, checks, args, env, timeout, 1, "one process without mpirun",
+                         lambda program, env: mpirun.run(program, env={**os.environ, **env}, timeout=timeout,
+                                                         capture=True))
+
+    def _job(self, key, checks, args, env, timeout, num_proc, what, launch):
         if key not in self.jobs:
-            what = _where(num_proc, hosts)
             env = {"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": STALL_SHUTDOWN_S, **(env or {})}
-            program = _program(checks[0], "--checks", ",".join(key[1]), *map(str, args))
+            program = _program(checks[0], "--checks", ",".join(check.__name__ for check in checks), *map(str, args))
             try:
-                result = _launch(num_proc, program, timeout, env, hosts, extra_args)
+                result = launch(program, env)
                 output, ending = result.stdout, f"exit status {result.returncode}"
             except subprocess.TimeoutExpired as expired:
                 output, ending = expired.output, f"stopped after {timeout} s"
