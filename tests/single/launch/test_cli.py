@@ -3,8 +3,9 @@ anything is launched: a config that cannot run ends in one line and launches not
 prints the plan as one JSON object (the hosts of a layout or of a Slurm allocation, placeholders
 for hosts not given, the mpirun command it would launch); a sweep of dry runs prints one plan a
 job; --cfg and --help; the progress bar the workers draw only where the command writes to a
-terminal. Refusals as a user's shell sees them (exit status and stderr of the process), and a
-dry run that imports no framework: tests/parallel/launch/test_cli.py."""
+terminal. A refusal as a user's shell sees it (the exit status and stderr of the process):
+tests/parallel/launch/test_cli.py; that a dry run imports no framework:
+tests/parallel/scaling/test_prediction.py."""
 
 import io
 import json

@@ -1,5 +1,6 @@
-"""Where mpirun keeps its session directory: in a temporary directory of each launch, so that what a
-killed mpirun leaves behind cannot stop a later one."""
+"""Where mpirun keeps its session directory (hvdtrain/launch/mpirun.py): in a temporary directory of
+each launch, which it removes, so that what a killed mpirun leaves behind cannot stop a later
+one."""
 
 import os
 import signal
@@ -25,13 +26,28 @@ def launch(env=None):
     return result, int(pid) if pid else None, session
 
 
-def test_each_launch_keeps_the_session_directory_in_a_temporary_directory_it_removes():
+@pytest.fixture(scope="module")
+def launched():
+    """(mpirun's pid, its session directory) as the one rank of a launch saw them."""
     result, mpirun_pid, session = launch()
     assert result.returncode == 0, result.stdout
-    base = Path(session).parent
+    return mpirun_pid, Path(session)
+
+
+def test_each_launch_keeps_the_session_directory_in_a_temporary_directory_of_its_own(launched):
+    _, session = launched
+    base = session.parent
     assert base.parent == Path(tempfile.gettempdir()) and base.name.startswith("hvdtrain-mpirun-"), session
-    assert Path(session).name == f"ompi.{mpirun_pid}"
-    assert not base.exists()
+
+
+def test_the_session_directory_is_named_by_mpiruns_pid(launched):
+    mpirun_pid, session = launched
+    assert session.name == f"ompi.{mpirun_pid}"
+
+
+def test_the_launch_removes_its_temporary_directory(launched):
+    _, session = launched
+    assert not session.parent.exists()
 
 
 def killed_mpirun_leftovers(tmp_dir):

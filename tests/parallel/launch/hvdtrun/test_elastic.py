@@ -1,14 +1,13 @@
 """Horovod Elastic scripts, written for this project in Horovod's style (only their import lines
-name hvdtrain), under `hvdtrun --host-discovery-script ...`: a rank killed by a real SIGKILL,
-and a change of the discovered hosts, each end the job, which hvdtrun starts again; the script
-goes on from its last commit and ends with the weights of an uninterrupted run (PyTorch's
-TorchState, Keras's KerasState with its callbacks). And the states on their own, without hvdtrun."""
+name hvdtrain), under `hvdtrun --host-discovery-script ...` (hvdtrain/launch/hvdtrun/elastic.py):
+a rank killed by a real SIGKILL, and a change of the discovered hosts, each end the job, which
+hvdtrun starts again; the script goes on from its last commit and ends with the weights of an
+uninterrupted run (PyTorch's TorchState, Keras's KerasState with its callbacks). The states
+without hvdtrun: tests/single/torch/test_elastic.py."""
 
-import os
 import subprocess
 import sys
 import textwrap
-import time
 
 import numpy as np
 import pytest
@@ -92,6 +91,7 @@ def start_hvdtrun(tmp_path, hosts_file, kill_at=0, script_text=SCRIPT):
 
 
 def finished(process, log):
+    """(hvdtrun's exit status, its output), once it has ended."""
     try:
         process.wait(timeout=TIMEOUT)
     except subprocess.TimeoutExpired:
@@ -107,55 +107,77 @@ def assert_weights_of_an_uninterrupted_run(progress):
         torch.testing.assert_close(weights[name], expected, rtol=1e-5, atol=1e-6)
 
 
-def test_a_killed_rank_restarts_the_job_from_the_last_commit(tmp_path):
-    hosts_file = tmp_path / "hosts"
+@pytest.fixture(scope="module")
+def killed_at_step_12(tmp_path_factory):
+    """(exit status, output, the progress file) of the script whose rank 1 is killed after step 12."""
+    where = tmp_path_factory.mktemp("killed")
+    hosts_file = where / "hosts"
     hosts_file.write_text("localhost:2\n")
-    process, log, progress = start_hvdtrun(tmp_path, hosts_file, kill_at=12)
-    status, output = finished(process, log)
+    process, log, progress = start_hvdtrun(where, hosts_file, kill_at=12)
+    return (*finished(process, log), progress)
+
+
+def test_a_job_with_a_killed_rank_finishes(killed_at_step_12):
+    status, output, _ = killed_at_step_12
     assert status == 0, output
+
+
+def test_a_killed_rank_restarts_the_job_from_the_last_commit(killed_at_step_12):
+    _, output, _ = killed_at_step_12
     assert "hvdtrun: the job failed (exit status 137); starting it again from its last commit (reset 1)" in output
     assert "reset: 2 ranks at step 10" in output  # the commit of step 10, the last before the kill
+
+
+def test_the_steps_after_the_last_commit_are_trained_again(killed_at_step_12):
+    _, _, progress = killed_at_step_12
     steps = [int(line.split()[0]) for line in progress.read_text().split("\n") if line]
     assert steps[steps.index(12) + 1] == 11  # steps 11 and 12 are trained again
+
+
+def test_a_job_restarted_after_a_kill_ends_with_the_uninterrupted_weights(killed_at_step_12):
+    _, _, progress = killed_at_step_12
     assert_weights_of_an_uninterrupted_run(progress)
 
 
-def test_new_hosts_restart_the_job_on_them_at_the_next_commit(tmp_path):
-    hosts_file = tmp_path / "hosts"
+@pytest.fixture(scope="module")
+def hosts_grown(tmp_path_factory):
+    """(exit status, output, the progress file) of the script whose discovered hosts grow from 2
+    slots to 3 after 15 steps."""
+    where = tmp_path_factory.mktemp("grown")
+    hosts_file = where / "hosts"
     hosts_file.write_text("localhost:2\n")
-    process, log, progress = start_hvdtrun(tmp_path, hosts_file)
+    process, log, progress = start_hvdtrun(where, hosts_file)
     wait_until(lambda: progress.exists() and len(progress.read_text().split("\n")) > 15, TIMEOUT, "15 steps")
     hosts_file.write_text("localhost:3\n")
-    status, output = finished(process, log)
+    return (*finished(process, log), progress)
+
+
+def test_a_job_whose_hosts_changed_finishes(hosts_grown):
+    status, output, _ = hosts_grown
     assert status == 0, output
+
+
+def test_new_hosts_restart_the_job_on_them_at_the_next_commit(hosts_grown):
+    _, output, _ = hosts_grown
     assert "hvdtrun: the hosts changed to localhost:3; the job starts again on them at its next commit" in output
     assert "hvdtrun: the hosts changed; starting it again from its last commit (reset 1)" in output
+
+
+def test_the_job_goes_on_with_the_new_hosts_ranks(hosts_grown):
+    _, _, progress = hosts_grown
     sizes = [line.split() for line in progress.read_text().split("\n") if line]
     assert sizes[0][1] == "2" and sizes[-1] == [str(STEPS), "3"]
-    # the job stopped at a commit, so no step was trained twice
+
+
+def test_a_job_stopped_at_a_commit_trains_no_step_twice(hosts_grown):
+    _, _, progress = hosts_grown
+    sizes = [line.split() for line in progress.read_text().split("\n") if line]
     assert [int(step) for step, _ in sizes] == list(range(1, STEPS + 1))
+
+
+def test_a_job_restarted_on_new_hosts_ends_with_the_uninterrupted_weights(hosts_grown):
+    _, _, progress = hosts_grown
     assert_weights_of_an_uninterrupted_run(progress)
-
-
-def test_without_hvdtrun_commits_stay_in_memory_and_restore_undoes_what_came_after(tmp_path):
-    import hvdtrain.torch as hvd
-
-    model = torch.nn.Linear(2, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    state = hvd.elastic.TorchState(model, optimizer, epoch=0)
-    committed = {name: value.clone() for name, value in model.state_dict().items()}
-    state.commit()
-    with torch.no_grad():
-        model.weight.add_(1.0)
-    state.epoch = 5
-    state.restore()
-    assert state.epoch == 0
-    for name, value in model.state_dict().items():
-        assert torch.equal(value, committed[name])
-    copy = hvd.elastic.TorchState(torch.nn.Linear(2, 1), torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=1),
-                                  epoch=3)
-    copy.load_saved_bytes(state.saved_bytes())
-    assert copy.epoch == 0 and torch.equal(copy.model.weight, committed["weight"])
 
 
 KERAS_SCRIPT = textwrap.dedent("""
@@ -196,18 +218,33 @@ KERAS_SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_a_keras_script_goes_on_from_its_last_epoch_commit_after_a_killed_rank(tmp_path):
-    hosts_file = tmp_path / "hosts"
+@pytest.fixture(scope="module")
+def keras_runs(tmp_path_factory):
+    """{"uninterrupted": (output, final weights), "killed": (output, final weights)} of the Keras
+    script run without a kill and with rank 1 killed in epoch 2."""
+    where = tmp_path_factory.mktemp("keras")
+    hosts_file = where / "hosts"
     hosts_file.write_text("localhost:2\n")
     runs = {}
     for name, kill_at in (("uninterrupted", 0), ("killed", 2)):
-        directory = tmp_path / name
+        directory = where / name
         directory.mkdir()
         process, log, progress = start_hvdtrun(directory, hosts_file, kill_at=kill_at, script_text=KERAS_SCRIPT)
         status, output = finished(process, log)
         assert status == 0, output
         runs[name] = (output, np.load(str(progress) + ".weights.npy"))
-    output, weights = runs["killed"]
+    return runs
+
+
+def test_a_keras_script_is_started_again_after_a_killed_rank(keras_runs):
+    output, _ = keras_runs["killed"]
     assert "hvdtrun: the job failed (exit status 137); starting it again from its last commit (reset 1)" in output
+
+
+def test_a_keras_script_goes_on_from_its_last_epoch_commit(keras_runs):
+    output, _ = keras_runs["killed"]
     assert "reset: 2 ranks at epoch 2" in output
-    np.testing.assert_allclose(weights, runs["uninterrupted"][1], rtol=1e-6, atol=1e-7)
+
+
+def test_a_keras_script_restarted_ends_with_the_uninterrupted_weights(keras_runs):
+    np.testing.assert_allclose(keras_runs["killed"][1], keras_runs["uninterrupted"][1], rtol=1e-6, atol=1e-7)
