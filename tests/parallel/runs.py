@@ -75,8 +75,10 @@ def running(pid):
 
 
 def start_hvdtrain(run_dir, *args, env=None):
-    """`hvdtrain ARGS hydra.run.dir=RUN_DIR` started, its output going to a log beside run_dir."""
-    log = open(run_dir.parent / f"{run_dir.name}.log", "a+")
+    """`hvdtrain ARGS hydra.run.dir=RUN_DIR` started, its output going to a log of its own beside
+    run_dir."""
+    sessions = len(list(run_dir.parent.glob(f"{run_dir.name}.*.log")))
+    log = open(run_dir.parent / f"{run_dir.name}.{sessions}.log", "w+")
     process = subprocess.Popen([sys.executable, "-m", "hvdtrain.launch.cli", *args, f"hydra.run.dir={run_dir}"],
                                stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
     return process, log
@@ -98,15 +100,21 @@ def finish(process, log, run_dir):
     return process.returncode, output
 
 
-def interrupt_after_a_checkpoint(run_dir, *args, rank, sent, env=None):
-    """Start RUN; once it has checkpointed step 30 or later (mid-epoch 2), send `sent` to `rank`
-    (the command itself where rank is None). Returns (exit status, output, the pid)."""
-    process, log = start_hvdtrain(run_dir, *RUN, *args, env=env)
-    checkpoints = run_dir / "checkpoints"
-    wait_until(lambda: rank is None or rank_pid(run_dir, rank), 120, "the ranks to start")
-    pid = process.pid if rank is None else rank_pid(run_dir, rank)
-    wait_until(lambda: any(int(p.stem[5:]) >= 30 for p in checkpoints.glob("step-*.ckpt")) or process.poll() is not None,
-               120, "a checkpoint of step 30")
+def checkpointed(run_dir, step):
+    """Whether the run has a checkpoint of `step` or later."""
+    return any(int(path.stem[5:]) >= step for path in (run_dir / "checkpoints").glob("step-*.ckpt"))
+
+
+def send_after_a_checkpoint(process, run_dir, step, rank, sent, not_pid=None):
+    """Once the run that `process` (the `hvdtrain` command) trains into run_dir has checkpointed
+    `step` or later, send `sent` to rank `rank` of its job (to the command where rank is None),
+    a rank other than the process `not_pid`; returns the pid it was sent to."""
+    wait_until(lambda: checkpointed(run_dir, step) or process.poll() is not None, 120, f"a checkpoint of step {step}")
     assert process.poll() is None, "the run ended before it could be interrupted"
+    if rank is None:
+        pid = process.pid
+    else:
+        wait_until(lambda: rank_pid(run_dir, rank) not in (None, not_pid), 120, f"rank {rank} to run")
+        pid = rank_pid(run_dir, rank)
     os.kill(pid, sent)
-    return (*finish(process, log, run_dir), pid)
+    return pid

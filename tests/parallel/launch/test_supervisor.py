@@ -1,8 +1,9 @@
-"""`hvdtrain` supervises the job it launched (hvdtrain/launch/supervisor.py), on real runs: a rank
-killed by a real SIGKILL, or frozen by SIGSTOP, is met with a restart from the newest checkpoint
-that ends with the weights of the uninterrupted default run; Ctrl-C leaves no process of the job behind
-and is not restarted; a rank's Python exception is not restarted. The supervisor's decisions on
-stand-in jobs: tests/single/launch/test_supervisor.py."""
+"""`hvdtrain` supervises the job it launched (hvdtrain/launch/supervisor.py), on real runs: an
+uninterrupted run records no restart and leaves no heartbeat; a rank killed by a real SIGKILL,
+and then one frozen by SIGSTOP, are each met with a restart from the newest checkpoint, and the
+run ends with the weights and history of the uninterrupted default run; Ctrl-C leaves no process
+of the job behind and is not restarted; a rank's Python exception is not restarted. The
+supervisor's decisions on stand-in jobs: tests/single/launch/test_supervisor.py."""
 
 import signal
 from types import SimpleNamespace
@@ -15,8 +16,8 @@ from hvdtrain.run import run_dir as run_dir_files
 
 from support.commands import processes_mentioning, results_of, wait_until
 
-from parallel.runs import (RUN, RUN_STEPS, assert_same_weights, finish, interrupt_after_a_checkpoint, rank_pid,
-                           running, start_hvdtrain, training_history)
+from parallel.runs import (RUN, RUN_STEPS, assert_same_weights, finish, rank_pid, running, send_after_a_checkpoint,
+                           start_hvdtrain, training_history)
 
 
 def test_an_uninterrupted_run_records_no_restart(constant_run):
@@ -29,94 +30,78 @@ def test_a_finished_run_leaves_no_heartbeat(constant_run):
     assert not (run_dir / run_dir_files.HEARTBEAT).exists()
 
 
-def interrupted_rank_1(run_dir, *args, sent):
-    """RUN whose rank 1 got `sent` once it had checkpointed step 30, run to its end: its exit
-    status, output, rank 1's pid and run directory."""
-    status, output, pid = interrupt_after_a_checkpoint(run_dir, *args, rank=1, sent=sent)
-    return SimpleNamespace(status=status, output=output, pid=pid, run_dir=run_dir)
-
-
 @pytest.fixture(scope="module")
-def killed(tmp_path_factory):
-    """RUN whose rank 1 got a SIGKILL once it had checkpointed step 30."""
-    return interrupted_rank_1(tmp_path_factory.mktemp("killed") / "run", sent=signal.SIGKILL)
+def killed_then_frozen(tmp_path_factory):
+    """RUN with fault.stall_shutdown_s=3 whose rank 1 is killed by a real SIGKILL once it has
+    checkpointed step 30, and, restarted, whose new rank 1 is frozen by SIGSTOP once it has
+    checkpointed step 100; restarted again, it runs to its end. One run meets both, as each start
+    of its ranks takes longer than its training."""
+    run_dir = tmp_path_factory.mktemp("killed_then_frozen") / "run"
+    process, log = start_hvdtrain(run_dir, *RUN, "fault.stall_shutdown_s=3")
+    killed = send_after_a_checkpoint(process, run_dir, 30, 1, signal.SIGKILL)
+    frozen = send_after_a_checkpoint(process, run_dir, 100, 1, signal.SIGSTOP, not_pid=killed)
+    status, output = finish(process, log, run_dir)
+    return SimpleNamespace(status=status, output=output, killed=killed, frozen=frozen, run_dir=run_dir,
+                           restarts=results_of(run_dir)["restarts"])
 
 
-def test_a_job_with_a_rank_killed_by_sigkill_finishes(killed):
-    assert killed.status == 0, killed.output
+def test_a_job_with_a_rank_killed_and_then_one_frozen_finishes(killed_then_frozen):
+    assert killed_then_frozen.status == 0, killed_then_frozen.output
 
 
-def test_a_rank_killed_by_sigkill_is_restarted_saying_why(killed):
-    assert "hvdtrain: a rank was killed by SIGKILL (mpirun exit status 137); restart 1 of 3 in 0.5 s from step" in killed.output
+def test_a_rank_killed_by_sigkill_is_restarted_saying_why(killed_then_frozen):
+    assert ("hvdtrain: a rank was killed by SIGKILL (mpirun exit status 137); restart 1 of 3 in 0.5 s from step"
+            in killed_then_frozen.output)
 
 
-def test_the_restarted_job_resumes_mid_epoch(killed):
-    assert "hvdtrain: resuming at epoch 1, step" in killed.output
+def test_the_restarted_job_resumes_mid_epoch(killed_then_frozen):
+    assert "hvdtrain: resuming at epoch 1, step" in killed_then_frozen.output
 
 
-def test_the_restart_is_recorded_with_its_reason(killed):
-    run_dir = killed.run_dir
-    [restart] = results_of(run_dir)["restarts"]
+def test_each_restart_is_recorded(killed_then_frozen):
+    assert [restart["attempt"] for restart in killed_then_frozen.restarts] == [1, 2]
+
+
+def test_the_restart_after_a_kill_is_recorded_with_its_reason(killed_then_frozen):
+    restart = killed_then_frozen.restarts[0]
     assert (restart["attempt"], restart["reason"]) == (1, "a rank was killed by SIGKILL (mpirun exit status 137)")
 
 
-def test_the_restart_is_recorded_with_its_step_and_the_steps_lost(killed):
-    run_dir = killed.run_dir
-    [restart] = results_of(run_dir)["restarts"]
+def test_the_restart_after_a_kill_is_recorded_with_its_step_and_the_steps_lost(killed_then_frozen):
+    restart = killed_then_frozen.restarts[0]
     assert restart["step"] >= 30 and restart["steps_lost"] >= 0
 
 
-def test_a_run_restarted_after_a_sigkill_ends_with_the_uninterrupted_weights(killed, default_run):
-    run_dir = killed.run_dir
-    assert_same_weights(run_dir, default_run[0], RUN_STEPS)
+def test_a_frozen_rank_is_stopped_by_the_stall_limit(killed_then_frozen):
+    reason = killed_then_frozen.restarts[1]["reason"]
+    assert reason.startswith("the job made no training step for ")
+    assert reason.endswith(" s (fault.stall_shutdown_s=3) and was stopped")
 
 
-def test_a_run_restarted_after_a_sigkill_ends_with_the_uninterrupted_history(killed, default_run):
-    run_dir = killed.run_dir
-    assert training_history(run_dir) == training_history(default_run[0])
-
-
-def test_the_report_lists_the_restarts(killed):
-    run_dir = killed.run_dir
-    assert "## Restarts" in (run_dir / "report.md").read_text()
-
-
-def test_the_killed_rank_is_gone(killed):
-    assert not running(killed.pid)
-
-
-@pytest.fixture(scope="module")
-def frozen(tmp_path_factory):
-    """RUN with fault.stall_shutdown_s=3 whose rank 1 got a SIGSTOP once it had checkpointed step 30."""
-    return interrupted_rank_1(tmp_path_factory.mktemp("frozen") / "run", "fault.stall_shutdown_s=3",
-                              sent=signal.SIGSTOP)
-
-
-def test_a_job_with_a_frozen_rank_finishes(frozen):
-    assert frozen.status == 0, frozen.output
-
-
-def test_a_frozen_rank_is_stopped_by_the_stall_limit(frozen):
-    run_dir = frozen.run_dir
-    [restart] = results_of(run_dir)["restarts"]
-    assert restart["reason"].startswith("the job made no training step for ")
-    assert restart["reason"].endswith(" s (fault.stall_shutdown_s=3) and was stopped")
-
-
-def test_a_stalled_job_is_stopped_within_the_limit_and_its_grace(frozen):
-    run_dir = frozen.run_dir
-    [restart] = results_of(run_dir)["restarts"]
-    seconds = float(restart["reason"].split(" for ")[1].split(" s ")[0])
+def test_a_stalled_job_is_stopped_within_the_limit_and_its_grace(killed_then_frozen):
+    reason = killed_then_frozen.restarts[1]["reason"]
+    seconds = float(reason.split(" for ")[1].split(" s ")[0])
     assert 3 + supervisor.stall_grace_s(3) <= seconds < 3 + supervisor.stall_grace_s(3) + 5
 
 
-def test_a_run_restarted_after_a_stall_ends_with_the_uninterrupted_weights(frozen, default_run):
-    run_dir = frozen.run_dir
-    assert_same_weights(run_dir, default_run[0], RUN_STEPS)
+def test_a_restarted_run_ends_with_the_uninterrupted_weights(killed_then_frozen, default_run):
+    assert_same_weights(killed_then_frozen.run_dir, default_run[0], RUN_STEPS)
 
 
-def test_the_frozen_rank_is_gone(frozen):
-    assert not running(frozen.pid)
+def test_a_restarted_run_ends_with_the_uninterrupted_history(killed_then_frozen, default_run):
+    assert training_history(killed_then_frozen.run_dir) == training_history(default_run[0])
+
+
+def test_the_report_lists_the_restarts(killed_then_frozen):
+    assert "## Restarts" in (killed_then_frozen.run_dir / "report.md").read_text()
+
+
+def test_the_killed_rank_is_gone(killed_then_frozen):
+    assert not running(killed_then_frozen.killed)
+
+
+def test_the_frozen_rank_is_gone(killed_then_frozen):
+    assert not running(killed_then_frozen.frozen)
 
 
 @pytest.fixture(scope="module")
