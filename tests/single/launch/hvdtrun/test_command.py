@@ -1,0 +1,189 @@
+"""`hvdtrun`'s command line (hvdtrain/launch/hvdtrun/command.py), in this process: horovodrun's
+flags that hvdtrun takes need no change, every other one of horovodrun 0.28's is refused by name
+rather than ignored, an unknown flag names the nearest known one, more ranks than the hosts'
+slots are refused, the elastic flags need a discovery script, the start timeout's sources, and
+--check-build in horovodrun's layout without importing a framework. Jobs started:
+tests/parallel/launch/hvdtrun/test_command.py."""
+
+import contextlib
+import importlib.util
+import io
+import subprocess
+import sys
+
+import pytest
+
+from hvdtrain.core import horovod_api
+from hvdtrain.launch.hvdtrun import command as hvdtrun
+
+from support.commands import run_command
+
+# horovodrun 0.28's flags (horovod/runner/launch.py) that hvdtrun does not take, with a value
+# where they take one.
+UNSUPPORTED = [
+    ["--disable-cache"], ["--output-filename", "out"], ["--config-file", "c.yaml"], ["-p", "22"],
+    ["--ssh-port", "22"], ["-i", "key"], ["--ssh-identity-file", "key"], ["--hierarchical-allreduce"],
+    ["--no-hierarchical-allreduce"], ["--hierarchical-allgather"], ["--no-hierarchical-allgather"],
+    ["--torus-allreduce"], ["--no-torus-allreduce"], ["--autotune"], ["--no-autotune"],
+    ["--autotune-log-file", "log"], ["--autotune-warmup-samples", "3"], ["--autotune-steps-per-sample", "10"],
+    ["--autotune-bayes-opt-max-samples", "20"], ["--autotune-gaussian-process-noise", "0.8"],
+    ["--mpi-threads-disable"], ["--no-mpi-threads-disable"], ["--tcp"], ["--binding-args", "x"],
+    ["--num-nccl-streams", "2"], ["--thread-affinity", "1"], ["--gloo-timeout-seconds", "30"],
+    ["--log-with-timestamp"], ["--log-without-timestamp"], ["-prefix-timestamp"],
+    ["--prefix-output-with-timestamp"], ["--log-hide-timestamp"], ["--no-log-hide-timestamp"], ["--gloo"],
+    ["--mpi"], ["--jsrun"], ["--blacklist-cooldown-range", "60", "300"],
+]
+ELASTIC = [  # taken with --host-discovery-script (tests/parallel/launch/hvdtrun/test_elastic.py runs them)
+    ["--min-np", "2"], ["--min-num-proc", "2"], ["--max-np", "4"], ["--max-num-proc", "4"],
+    ["--slots-per-host", "2"], ["--elastic-timeout", "600"], ["--reset-limit", "3"],
+]
+
+
+def hvdtrun_here(*args, monkeypatch, cwd=None):
+    """`hvdtrun ARGS` run in this process, for what it decides before it starts a job: the
+    CompletedProcess a subprocess would give."""
+    if cwd is not None:
+        monkeypatch.chdir(cwd)
+    stdout, stderr = io.StringIO(), io.StringIO()
+    status = 0
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            hvdtrun.main(list(args))
+        except SystemExit as exit:
+            status = exit.code or 0
+    return subprocess.CompletedProcess(["hvdtrun", *args], status, stdout.getvalue(), stderr.getvalue())
+
+
+def refusal(result):
+    """The one line a refused command line gives, after checking that nothing else came."""
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("hosts", [["-H", "localhost:2"], ["--hostfile", "hosts"]])
+def test_more_ranks_than_the_hosts_slots_are_refused(tmp_path, monkeypatch, hosts):
+    (tmp_path / "hosts").write_text("localhost slots=1\n127.0.0.1 slots=1\n")
+    line = refusal(hvdtrun_here("-np", "3", *hosts, sys.executable, "-c", "pass", monkeypatch=monkeypatch,
+                                cwd=tmp_path))
+    assert line.startswith("hvdtrun: -np 3 asks for 3 ranks but ")
+    assert line.endswith(" offers only 2 slots")
+
+
+@pytest.mark.parametrize("flag, reason", [
+    (["--gloo"], "hvdtrain has no Gloo controller; it runs on MPI"),
+    (["--ssh-port=2222"], "give mpirun's ssh options with --mpi-args"),
+    (["--blacklist-cooldown-range", "60", "300"], "hvdtrun does not blacklist hosts"),
+])
+def test_an_unsupported_flag_is_refused_by_name(flag, reason, monkeypatch):
+    line = refusal(hvdtrun_here("-np", "2", *flag, sys.executable, "-c", "pass", monkeypatch=monkeypatch))
+    assert line.startswith(f"hvdtrun: {flag[0].split('=')[0]} is not supported by hvdtrun ({reason}")
+
+
+def test_an_unknown_flag_is_refused_with_the_nearest_known_one(monkeypatch):
+    assert refusal(hvdtrun_here("--num-procs", "2", sys.executable, "-c", "pass", monkeypatch=monkeypatch)) == \
+        "hvdtrun: unknown flag --num-procs; did you mean --num-proc?"
+
+
+@pytest.mark.parametrize("flag", UNSUPPORTED, ids=lambda flag: flag[0])
+def test_every_other_horovodrun_flag_is_refused_not_ignored(flag):
+    with pytest.raises(hvdtrun.UsageError, match=f"^{flag[0]} is not supported by hvdtrun \\("):
+        hvdtrun.parse_command_line(["-np", "2", *flag, "python", "train.py"])
+
+
+@pytest.mark.parametrize("flag", ELASTIC, ids=lambda flag: flag[0])
+def test_the_elastic_flags_need_a_discovery_script(flag):
+    name = {"--min-num-proc": "--min-np", "--max-num-proc": "--max-np"}.get(flag[0], flag[0])
+    with pytest.raises(hvdtrun.UsageError, match=f"^{name} is for elastic jobs: it needs --host-discovery-script$"):
+        hvdtrun.parse_command_line(["-np", "2", *flag, "python", "train.py"])
+    elastic = hvdtrun.parse_command_line([*flag, "--host-discovery-script", "discover.sh", "python", "train.py"])
+    assert elastic.host_discovery_script == "discover.sh" and elastic.num_proc is None
+    with pytest.raises(hvdtrun.UsageError, match="name fixed hosts; an elastic job's come from"):
+        hvdtrun.parse_command_line([*flag, "--host-discovery-script", "d.sh", "-H", "a:2", "python", "train.py"])
+
+
+@pytest.fixture(scope="module")
+def horovodrun_command_line():
+    """What hvdtrun makes of a command line written for horovodrun."""
+    return hvdtrun.parse_command_line([
+        "--num-proc", "4", "--hosts", "a:2,b:2", "--start-timeout", "60", "--verbose", "--network-interfaces",
+        "eth0,eth1", "--network-interface", "eth2", "--mpi-args=--map-by ppr:2:node", "--cache-capacity=0",
+        "--stall-check", "--no-timeline-mark-cycles", "python", "train.py", "--np", "8"])
+
+
+def test_horovodruns_job_flags_are_taken_as_they_are(horovodrun_command_line):
+    options = horovodrun_command_line
+    assert (options.num_proc, options.hosts, options.start_timeout, options.verbose) == (4, "a:2,b:2", 60, True)
+
+
+def test_network_interfaces_given_as_a_list_and_one_by_one_add_up(horovodrun_command_line):
+    assert horovodrun_command_line.network_interfaces == ["eth0", "eth1", "eth2"]
+
+
+def test_the_network_interfaces_and_mpi_args_go_to_mpirun(horovodrun_command_line):
+    assert hvdtrun.mpirun_extra_args(horovodrun_command_line) == [
+        "--mca", "btl_tcp_if_include", "eth0,eth1,eth2", "--mca", "oob_tcp_if_include", "eth0,eth1,eth2",
+        "--map-by", "ppr:2:node"]
+
+
+def test_the_tuning_flags_become_the_engines_horovod_variables(horovodrun_command_line):
+    assert hvdtrun.engine_variables(horovodrun_command_line) == {
+        "HOROVOD_CACHE_CAPACITY": "0", "HOROVOD_STALL_CHECK_DISABLE": "0", "HOROVOD_TIMELINE_MARK_CYCLES": "0"}
+
+
+def test_the_commands_flags_stay_the_commands(horovodrun_command_line):
+    assert horovodrun_command_line.command == ["python", "train.py", "--np", "8"]
+
+
+@pytest.fixture(scope="module")
+def start_timeouts():
+    """(a command line with --start-timeout 5, one without)."""
+    return tuple(hvdtrun.parse_command_line([*flags, "python", "train.py"])
+                 for flags in (["-np", "2", "--start-timeout", "5"], ["-np", "2"]))
+
+
+def test_the_start_timeout_flag_comes_first(start_timeouts):
+    given, _ = start_timeouts
+    assert hvdtrun.start_timeout_s(given, {"HOROVOD_START_TIMEOUT": "7"}) == 5
+
+
+def test_without_the_flag_the_start_timeout_is_horovods_variable(start_timeouts):
+    _, default = start_timeouts
+    assert hvdtrun.start_timeout_s(default, {"HOROVOD_START_TIMEOUT": "7"}) == 7
+
+
+def test_without_either_the_start_timeout_is_30_s(start_timeouts):
+    _, default = start_timeouts
+    assert hvdtrun.start_timeout_s(default, {}) == 30
+
+
+def test_a_start_timeout_variable_that_is_no_number_is_refused(start_timeouts):
+    _, default = start_timeouts
+    with pytest.raises(hvdtrun.UsageError, match="HOROVOD_START_TIMEOUT='soon'"):
+        hvdtrun.start_timeout_s(default, {"HOROVOD_START_TIMEOUT": "soon"})
+
+
+def test_check_build_shows_this_install_in_horovodruns_layout(monkeypatch):
+    result = hvdtrun_here("--check-build", monkeypatch=monkeypatch)
+    assert result.returncode == 0, result.stderr
+
+    def mark(available):
+        return "X" if available else " "
+
+    lines = [line.strip() for line in result.stdout.splitlines()]
+    assert lines[1:] == [
+        "", "Available Frameworks:", f"[{mark(importlib.util.find_spec('tensorflow'))}] TensorFlow",
+        "[X] PyTorch", "[ ] MXNet",
+        "", "Available Controllers:", "[X] MPI", "[ ] Gloo",
+        "", "Available Tensor Operations:", f"[{mark(horovod_api.nccl_built())}] NCCL", "[ ] DDL", "[ ] CCL",
+        "[X] MPI", "[ ] Gloo",
+    ]
+
+
+def test_check_build_imports_no_framework():
+    probe = ("import sys; from hvdtrain.launch.hvdtrun import command as hvdtrun; hvdtrun.check_build_report(); "
+             "print(sorted({'torch', 'tensorflow'} & set(sys.modules)))")
+    result = run_command([sys.executable, "-c", probe], timeout=60)
+    assert result.stdout.strip() == "[]", result.stderr

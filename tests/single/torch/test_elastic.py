@@ -1,0 +1,39 @@
+"""hvdtrain.torch's elastic TorchState without hvdtrun (hvdtrain/torch/elastic.py): commits stay
+in memory, restore undoes what came after the last one, and a state's saved bytes load into
+another. Under hvdtrun: tests/parallel/launch/hvdtrun/test_elastic.py."""
+
+import pytest
+import torch
+
+import hvdtrain.torch as hvd
+
+
+@pytest.fixture
+def committed():
+    """(a TorchState committed at epoch 0, the model's weights then); the weights and the epoch
+    have changed since."""
+    model = torch.nn.Linear(2, 1)
+    state = hvd.elastic.TorchState(model, torch.optim.SGD(model.parameters(), lr=0.1), epoch=0)
+    weights = {name: value.clone() for name, value in model.state_dict().items()}
+    state.commit()
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    state.epoch = 5
+    return state, weights
+
+
+def test_restore_undoes_what_came_after_the_commit(committed):
+    state, weights = committed
+    state.restore()
+    assert state.epoch == 0
+    for name, value in state.model.state_dict().items():
+        assert torch.equal(value, weights[name])
+
+
+def test_a_states_saved_bytes_load_into_another_state(committed):
+    state, weights = committed
+    state.restore()
+    copy = hvd.elastic.TorchState(torch.nn.Linear(2, 1), torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=1),
+                                  epoch=3)
+    copy.load_saved_bytes(state.saved_bytes())
+    assert copy.epoch == 0 and torch.equal(copy.model.weight, weights["weight"])
