@@ -33,7 +33,8 @@ summary=()
 failed=0
 
 if wanted tests; then
-    $PY -m pytest -q -rs tests/gpu tests/core/test_core_gpu_path.py > "$OUT/tests.txt" 2>&1 || failed=1
+    $PY -m pytest -q -rs tests/gpu tests/single/core/test_cuda.py tests/single/core/test_nccl_backend.py \
+        tests/parallel/core/test_cuda.py tests/parallel/core/test_nccl_backend.py > "$OUT/tests.txt" 2>&1 || failed=1
     summary+=("tests: $(tail -1 "$OUT/tests.txt") ($OUT/tests.txt)")
 fi
 

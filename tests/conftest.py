@@ -4,10 +4,38 @@ The suite is cut as the package is: tests/single/ runs in the test process itsel
 starts real ranks (mpirun) or the commands as a user runs them, tests/cluster/ needs hosts made
 of network namespaces or a Slurm cluster (root), and tests/gpu/ needs a GPU."""
 
+from pathlib import Path
+
 import pytest
 from PIL import Image
 
 from support.ranks import RankChecks, run_alone, run_ranks
+
+
+TESTS = Path(__file__).parent
+
+# Under `pytest -n N --dist loadgroup` (make test) a group runs in one worker: each file is a
+# group, so that its module fixtures are made once; the files that read the training runs of
+# tests/parallel/conftest.py are one, so that each run is trained once; and the cluster's files are
+# one, as a session has one set of network-namespace hosts and one Slurm cluster.
+SHARED_RUNS = TESTS / "parallel" / "conftest.py"
+
+
+def _reads_shared_runs(item):
+    definitions = item._fixtureinfo.name2fixturedefs.values()
+    return any(Path(d[-1].func.__code__.co_filename) == SHARED_RUNS for d in definitions)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(items):
+    groups = {item.path: item.path.relative_to(TESTS).as_posix() for item in items}
+    for item in items:
+        if item.path.is_relative_to(TESTS / "cluster"):
+            groups[item.path] = "cluster"
+        elif _reads_shared_runs(item):
+            groups[item.path] = "shared runs"
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(groups[item.path]))
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from hvdtrain.launch import mpirun as launcher
 from hvdtrain.run.hosts import Host
 from netns_cluster import AGENT, missing_requirements, netns_cluster as make_netns_cluster
 from slurm_cluster import missing_requirements as missing_slurm_requirements, slurm_cluster

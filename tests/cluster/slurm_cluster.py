@@ -34,6 +34,7 @@ import os
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -200,8 +201,12 @@ def slurm_cluster(work_dir, node_count=2, kill_wait_s=30, cpus_per_node=2, debug
     removal = contextlib.ExitStack()
     try:
         hosts = removal.enter_context(netns_cluster(node_count, work_dir))
+        # slurmstepd makes Unix sockets in the nodes' spool directories, and a socket's path
+        # may not exceed 108 bytes: under a pytest temporary directory (deeper still in an xdist
+        # worker's) the job's step fails to start, so the spool lies in a short one of its own.
+        spool = Path(removal.enter_context(tempfile.TemporaryDirectory(prefix="slurm-spool-")))
         removal.callback(stop_processes, daemons, hosts.hosts)
-        yield start_cluster(work_dir, hosts, daemons, kill_wait_s, cpus_per_node, debug_level)
+        yield start_cluster(work_dir, spool, hosts, daemons, kill_wait_s, cpus_per_node, debug_level)
     finally:
         # A second Ctrl-C must not cut the removal short: it is held until the removal is done.
         with signals_held(signal.SIGINT, signal.SIGTERM):
@@ -217,19 +222,20 @@ def signals_held(*signal_numbers):
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-def start_cluster(work_dir, hosts, daemons, kill_wait_s, cpus_per_node, debug_level):
+def start_cluster(work_dir, spool, hosts, daemons, kill_wait_s, cpus_per_node, debug_level):
     nodes = tuple(SlurmNode(host.namespace, host.address, host.namespace) for host in hosts.hosts)
     cluster_name = nodes[0].name.rsplit("n", 1)[0]  # the namespaces' tag, "hvt<hex>"
     controller_name = f"{cluster_name}ctl"
     controller_address = hosts.subnet.rsplit(".", 1)[0] + ".1"  # the bridge's
     environment = client_environment(work_dir / "slurm.conf", work_dir / "job-tmp")
     cluster = SlurmCluster(nodes, work_dir / "slurm.conf", environment, work_dir, work_dir / "jobs")
-    for directory in ("state", "log", "jobs", "job-tmp", "munge", *(f"{kind}/{node.name}" for node in nodes
-                                                         for kind in ("spool", "tmp"))):
+    for directory in ("state", "log", "jobs", "job-tmp", "munge", *(f"tmp/{node.name}" for node in nodes)):
         (work_dir / directory).mkdir(mode=0o700, parents=True, exist_ok=True)
+    for node in nodes:
+        (spool / node.name).mkdir(mode=0o700)
     munge_socket = start_munged(work_dir / "munge", daemons, cluster.log_files)
     (work_dir / "plugstack.conf").write_text("")  # no SPANK plugins of the machine's /etc/slurm
-    cluster.conf_path.write_text(slurm_conf(cluster_name, controller_name, controller_address, nodes, work_dir,
+    cluster.conf_path.write_text(slurm_conf(cluster_name, controller_name, controller_address, nodes, work_dir, spool,
                                             munge_socket, kill_wait_s, cpus_per_node, debug_level))
     hosts_file = work_dir / "hosts"
     hosts_file.write_text(Path("/etc/hosts").read_text().rstrip("\n") + "\n" + "".join(
@@ -295,7 +301,7 @@ def client_environment(conf_path, job_tmp):
     return env
 
 
-def slurm_conf(cluster_name, controller_name, controller_address, nodes, work_dir, munge_socket, kill_wait_s,
+def slurm_conf(cluster_name, controller_name, controller_address, nodes, work_dir, spool, munge_socket, kill_wait_s,
                cpus_per_node, debug_level):
     node_lines = "".join(f"NodeName={node.name} NodeAddr={node.address} NodeHostname={node.name}\n"
                          for node in nodes)
@@ -312,10 +318,10 @@ AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket={munge_socket},cred_expire={CRED_EXPIRE_S}
 StateSaveLocation={work_dir}/state
-SlurmdSpoolDir={work_dir}/spool/%n
+SlurmdSpoolDir={spool}/%n
 TmpFS={work_dir}/tmp/%n
 SlurmctldPidFile={work_dir}/state/slurmctld.pid
-SlurmdPidFile={work_dir}/spool/%n/slurmd.pid
+SlurmdPidFile={spool}/%n/slurmd.pid
 SlurmdLogFile={work_dir}/log/slurmd-%n.log
 SlurmctldDebug={debug_level}
 SlurmdDebug={debug_level}

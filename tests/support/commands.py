@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from hvdtrain.launch import mpirun
 from hvdtrain.reporting.run_log import read_history
 from hvdtrain.training import checkpoint
 
@@ -21,6 +22,14 @@ def run_hvdtrain(*args, cwd=None, env=None, timeout=240):
     """`hvdtrain ARGS` in a subprocess, as a user runs it (a hang fails the test, not the suite)."""
     return run_command([sys.executable, "-m", "hvdtrain.launch.cli", *map(str, args)], cwd=cwd, env=env,
                        timeout=timeout)
+
+
+def no_launch(monkeypatch):
+    """A refusal that regressed must not start a job from inside the test process."""
+    def launch(command, **options):
+        raise AssertionError(f"launched {command}")
+
+    monkeypatch.setattr(mpirun, "started", launch)
 
 
 def hvdtrain_here(*args, monkeypatch, cwd=None):

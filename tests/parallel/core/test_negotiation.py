@@ -272,8 +272,13 @@ def the_stall_shutdown_fails_the_waiting_ranks_and_stops_the_missing_ones_engine
     """HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=2: the waiting ranks fail instead of hanging, and the
     rank that never submitted finds its engine stopped."""
     core.init()
+    # The stall is timed from the first rank's submission, which may come before this rank's
+    # own: the clock starts before a barrier that no rank leaves before every rank entered it.
+    started = time.perf_counter()
+    core.barrier()
     if core.rank() != 1:
-        error, seconds = timed_failure(HorovodInternalError, lambda: core.allreduce_async(np.ones(1), name="stalled"))
+        error, _ = timed_failure(HorovodInternalError, lambda: core.allreduce_async(np.ones(1), name="stalled"))
+        seconds = time.perf_counter() - started
         assert "rank 1 has not submitted ['stalled']" in str(error), error
         assert "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=2" in str(error), error
         assert 2 <= seconds < 2 + SECONDS_TO_FAIL, seconds

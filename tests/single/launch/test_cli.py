@@ -13,10 +13,10 @@ import sys
 
 import pytest
 
-from hvdtrain.launch import cli, mpirun
+from hvdtrain.launch import cli
 from hvdtrain.run.job import progress_bar_wanted
 
-from support.commands import hvdtrain_here
+from support.commands import hvdtrain_here, no_launch
 from support.configs import compose
 
 # Values Hydra takes and the config's checks refuse (Hydra's own refusals: test_compose.py).
@@ -52,19 +52,6 @@ BAD_INPUTS = {
     "too few slots on a host": (["cluster=2x4", "cluster.hosts=[a:4,b:2]"], "host b offers 2"),
     "unknown key": (["train.bach_size=3"], "train.bach_size: unknown key; did you mean train.batch_size?"),
 }
-
-
-def no_launch(monkeypatch):
-    """A refusal that regressed must not start a job from inside the test process."""
-    def launch(command, **options):
-        raise AssertionError(f"launched {command}")
-
-    monkeypatch.setattr(mpirun, "started", launch)
-
-
-@pytest.fixture(autouse=True)
-def nothing_launched(monkeypatch):
-    no_launch(monkeypatch)
 
 
 def here(*args, cwd, env=None):

@@ -8,10 +8,9 @@ and the real exit status of a refusal: tests/parallel/launch/test_compose.py."""
 
 import pytest
 
-from hvdtrain.launch import mpirun
 from hvdtrain.launch.compose import RECIPES_DIR
 
-from support.commands import hvdtrain_here
+from support.commands import hvdtrain_here, no_launch
 from support.configs import compose
 
 OPTIMIZER_KEYS = ("name, base_lr, base_batch_size, momentum, nesterov, weight_decay, exclude_from_weight_decay, "
@@ -54,19 +53,6 @@ ONE_LINE_ERRORS = {
                                          f"cluster='3x3x': unknown cluster; allowed: {LAYOUTS}"),
     "an unknown value in one job of a sweep": (["-m", "train.epochs=1,abc"], "train.epochs='abc': must be an integer"),
 }
-
-
-def no_launch(monkeypatch):
-    """A refusal that regressed must not start a job from inside the test process."""
-    def launch(command, **options):
-        raise AssertionError(f"launched {command}")
-
-    monkeypatch.setattr(mpirun, "started", launch)
-
-
-@pytest.fixture(autouse=True)
-def nothing_launched(monkeypatch):
-    no_launch(monkeypatch)
 
 
 @pytest.fixture(scope="module")
