@@ -14,10 +14,12 @@ run: $(STAMP)
 	$(VENV)/bin/hvdtrain
 
 # As root (as CI runs), the Slurm cluster tests' Debian packages are installed first; elsewhere,
-# or where apt cannot reach Debian, those tests skip and say why.
+# or where apt cannot reach Debian, those tests skip and say why. Two pytest-xdist workers, whose
+# groups tests/conftest.py sets: the suite is bound by the CPU that starting ranks takes, and a
+# third worker on 2 cores was slower, not faster.
 test: $(STAMP)
 	@[ "$$(id -u)" != 0 ] || sh scripts/install_slurm.sh || echo "make: Slurm's packages could not be installed"
-	$(PYTHON) -m pytest -q
+	$(PYTHON) -m pytest -q -n 2 --dist loadgroup
 
 bench: $(STAMP)
 	$(PYTHON) scripts/run_benchmarks.py
