@@ -19,6 +19,13 @@ from hvdtrain.run.job import progress_bar_wanted
 from support.commands import hvdtrain_here, no_launch
 from support.configs import compose
 
+
+@pytest.fixture(autouse=True)
+def nothing_launched(monkeypatch):
+    """hvdtrain runs in this process here: none of it may start a job."""
+    no_launch(monkeypatch)
+
+
 # Values Hydra takes and the config's checks refuse (Hydra's own refusals: test_compose.py).
 ONE_LINE_ERRORS = {
     "not an autocast mode": (["train.autocast=fp32"], "train.autocast='fp32': allowed: none, bf16, fp16"),

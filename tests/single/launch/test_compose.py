@@ -13,6 +13,13 @@ from hvdtrain.launch.compose import RECIPES_DIR
 from support.commands import hvdtrain_here, no_launch
 from support.configs import compose
 
+
+@pytest.fixture(autouse=True)
+def nothing_launched(monkeypatch):
+    """hvdtrain runs in this process here: none of it may start a job."""
+    no_launch(monkeypatch)
+
+
 OPTIMIZER_KEYS = ("name, base_lr, base_batch_size, momentum, nesterov, weight_decay, exclude_from_weight_decay, "
                   "momentum_correction, trust_coefficient, exclude_from_adaptation")
 TRAIN_KEYS = ", ".join(f"train.{key}" for key in (
