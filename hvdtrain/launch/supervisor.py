@@ -18,7 +18,8 @@ names the missing rank and shuts the job down. A rank that cannot run at all (SI
 host) stops every rank's engine, the inspector's too; so rank 0 also writes the number of its
 last step into the run directory's heartbeat file after every step (and as it starts, evaluates
 and finishes), and the supervisor stops the job when that file has not changed for
-`fault.stall_shutdown_s` plus a grace period that leaves the inspector the first word.
+`fault.stall_shutdown_s` plus a grace period that leaves the inspector the first word (and
+while rank 0 says it is outside training steps, for at least OUTSIDE_STEPS_S).
 
 Every restart is appended to metrics.jsonl (event "restart": when, why, the step it resumes
 from, the steps lost), from where results.json and the report take them.
@@ -45,13 +46,15 @@ from hvdtrain.run import preemption
 from hvdtrain.run.config import ConfigError
 from hvdtrain.run.hosts import on_this_machine
 from hvdtrain.run.job import SUPERVISED
-from hvdtrain.run.run_dir import clear_heartbeat, last_beat, update_saved_config
+from hvdtrain.run.run_dir import HEARTBEAT, clear_heartbeat, last_beat, update_saved_config
 from hvdtrain.training import checkpoint
 
 LAUNCH_AGENT = "PRTE_MCA_prte_launch_agent"  # what mpirun starts its daemons with; PRRTE splits it at spaces
 POLL_S = 0.5
 PROBE_TIMEOUT_S = 15.0
-STARTUP_S = 60.0  # the least time the ranks get from the launch to their first beat
+# The least time rank 0 gets outside training steps: from the launch to its first beat, and while
+# it starts, evaluates, writes the results or exits (a report's plots on a loaded machine took 8 s)
+OUTSIDE_STEPS_S = 60.0
 # What a smaller world changes in the run's config.yaml (resized)
 RESIZED_KEYS = ("cluster.hosts", "cluster.hostfile", "cluster.num_hosts", "train.batch_size",
                 "train.backward_passes_per_step")
@@ -215,22 +218,24 @@ def resized(cfg, hosts_before, hosts_after):
 
 
 def watch(command, env, run_dir, stall_shutdown_s):
-    """Run `command` to its end, or stop it when rank 0's heartbeat has been quiet for longer than
-    `stall_shutdown_s` and its grace (from the launch to the first beat, at least STARTUP_S:
-    starting Python, the frameworks and MPI is not a stall)."""
+    """Run `command` to its end, or stop it when rank 0 has made no training step for longer than
+    `stall_shutdown_s` and its grace; outside training steps (starting Python, the frameworks and
+    MPI, evaluating, writing the results, exiting) rank 0 gets at least OUTSIDE_STEPS_S."""
     shield = shielded_daemons(command, env)
     stop_signal = signal.SIGINT if shield else signal.SIGTERM
-    latest, beaten = time.time(), False  # of the launch or of the last beat seen (the file goes when the run ends)
+    latest, training = time.time(), False  # of the launch or of the last beat seen (the file goes when the run ends)
     limit = stall_shutdown_s + stall_grace_s(stall_shutdown_s) if stall_shutdown_s else None
     with mpirun.started(command, env={**env, **shield}, blocked_signals=[signal.SIGTERM] if shield else [],
                           stop_signal=stop_signal) as process:
         while process.poll() is None:
             time.sleep(POLL_S)
             beat = last_beat(run_dir)
-            if beat:
-                latest, beaten = max(latest, beat[0]), True
+            if beat and beat.time >= latest:
+                latest, training = beat.time, beat.training
+            elif not beat and training and not (Path(run_dir) / HEARTBEAT).exists():
+                latest, training = time.time(), False  # the run has finished: the ranks are exiting
             quiet_s = time.time() - latest
-            allowed = limit if beaten or limit is None else max(limit, STARTUP_S)
+            allowed = limit if training or limit is None else max(limit, OUTSIDE_STEPS_S)
             if limit is not None and quiet_s > allowed and process.poll() is None:
                 mpirun.stop(process, signum=stop_signal)
                 return Outcome(process.returncode, stalled_s=quiet_s)
@@ -282,7 +287,7 @@ def record_restart(run_dir, attempt, reason, hosts_before, hosts_after):
     newest = checkpoint.newest_metadata(Path(run_dir) / "checkpoints")
     step = newest["global_step"] if newest else 0
     beat = last_beat(run_dir)
-    reached = beat[1] if beat else step
+    reached = beat.global_step if beat else step
     restart = Restart("restart", time.time(), attempt, reason, step, max(0, reached - step),
                       [f"{h.host}:{h.slots}" for h in hosts_before], [f"{h.host}:{h.slots}" for h in hosts_after])
     with open(Path(run_dir) / "metrics.jsonl", "a") as log:

@@ -38,7 +38,7 @@ class Progress:
                       flush=True)
             self.log = RunLog(run_dir, plan.steps_per_epoch * plan.epochs, start["global_step"], core.size())
             self.heartbeat = Heartbeat(run_dir)
-            self.heartbeat.beat(start["global_step"])
+            self.heartbeat.beat(start["global_step"], training=False)  # until its first step
         self.window_loss, self.window_seconds, self.window_steps = 0.0, 0.0, 0  # since the last record
         self.train_loss = None  # the last recorded one
 
@@ -97,6 +97,10 @@ class Progress:
         print(f"hvdtrain: preempted ({event['signal']}): stopped after step {global_step} with a checkpoint"
               + (f", {event['notice_to_checkpoint_s']} s after the notice" if notice else ""), flush=True)
 
+    def evaluating(self, global_step):
+        if self.log:
+            self.heartbeat.beat(global_step, training=False)
+
     def evaluated(self, epoch, global_step, lr, metrics):
         """The validation `metrics` after `epoch` epochs; its last step was recorded just now, so
         the loss recorded beside them is that step's window's."""
@@ -113,7 +117,7 @@ class Progress:
         """Rank 0: results.json, report.md and the closing summary."""
         if not self.log:
             return
-        self.heartbeat.beat(global_step)  # the report's plots take a while
+        self.heartbeat.beat(global_step, training=False)  # the report's plots take a while
         self.log.close()
         results = self._results(epochs_completed, global_step, metrics)
         write_report(self.run_dir, self.cfg, self.plan, results)

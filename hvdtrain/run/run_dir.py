@@ -3,7 +3,8 @@
 - config.yaml: the resolved config, written once by the `hvdtrain` command (claim_run_dir) and
   read by rank 0, which broadcasts it (no rank composes its own, so no other host needs the
   directory); a resume may change only RESUMABLE_KEYS in it, a restart on fewer hosts the layout.
-- .heartbeat: rank 0's last training step, rewritten in place after every step, which the
+- .heartbeat: rank 0's last training step and whether it is training or busy between stretches of
+  steps (starting, evaluating, finishing), rewritten in place after every step, which the
   supervisor watches for a job that makes no progress.
 - checkpoints/, metrics.jsonl, results.json, report.md: written by rank 0 (hvdtrain/training/
   checkpoint.py, hvdtrain/reporting/), every file that a reader must see whole atomically.
@@ -11,6 +12,7 @@
 
 import os
 from pathlib import Path
+from typing import NamedTuple
 
 from omegaconf import OmegaConf
 
@@ -74,25 +76,34 @@ def update_saved_config(path, values):
 
 class Heartbeat:
     """Rank 0's record of its last training step: one small write per step, in place; gone
-    when the run has finished."""
+    when the run has finished. `training` says whether the next step is due at once, or rank 0 is
+    busy outside the steps (starting, evaluating, writing the results), which no stall limit on
+    steps measures."""
 
     def __init__(self, run_dir):
         self.path = Path(run_dir) / HEARTBEAT
         self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
 
-    def beat(self, global_step):
-        os.pwrite(self.fd, b"%20d\n" % global_step, 0)
+    def beat(self, global_step, training=True):
+        os.pwrite(self.fd, b"%20d %d\n" % (global_step, training), 0)
 
     def close(self):
         os.close(self.fd)
         self.path.unlink(missing_ok=True)
 
 
+class Beat(NamedTuple):
+    time: float
+    global_step: int
+    training: bool
+
+
 def last_beat(run_dir):
-    """(time of the last beat, its step), or None where there has been none."""
+    """The last Beat, or None where there has been none (or the run has finished)."""
     path = Path(run_dir) / HEARTBEAT
     try:
-        return path.stat().st_mtime, int(path.read_text() or 0)
+        step, training = path.read_text().split()
+        return Beat(path.stat().st_mtime, int(step), training == "1")
     except (OSError, ValueError):
         return None
 

@@ -4,6 +4,9 @@ the length of MNIST-1D's signals (mnist1d.py makes them). data_torch.py and data
 turn them into their framework's inputs.
 """
 
+import importlib.util
+from pathlib import Path
+
 import numpy as np
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -16,14 +19,21 @@ MNIST1D_LENGTH = 40  # values per MNIST-1D signal: the mnist1d package's default
 def digits_split(val_size):
     """scikit-learn's digits as (train images, train labels, val images, val labels): 8x8 float32
     images in [0, 1] and int64 labels, split by a fixed permutation."""
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
-    images = (digits.images / 16.0).astype(np.float32)
-    labels = digits.target.astype(np.int64)
+    pixels, labels = bundled_digits()
+    images = (pixels.reshape(-1, 8, 8) / 16.0).astype(np.float32)
     order = np.random.default_rng(DIGITS_SPLIT_SEED).permutation(len(labels))
     val, train = order[:val_size], order[val_size:]
     return images[train], labels[train], images[val], labels[val]
+
+
+def bundled_digits():
+    """The 1,797 digits as scikit-learn's load_digits() gives them, (64 pixel values from 0 to 16
+    a row, int64 labels), read from the file the package carries (a row a digit, its label
+    last): importing scikit-learn would cost every rank about 2 CPU-seconds, more than a digits
+    run's training."""
+    package = importlib.util.find_spec("sklearn").submodule_search_locations[0]
+    rows = np.loadtxt(Path(package) / "datasets" / "data" / "digits.csv.gz", delimiter=",")
+    return rows[:, :-1], rows[:, -1].astype(np.int64)
 
 
 def check_classes(data_cfg, train_classes, val_classes, num_classes):

@@ -93,6 +93,7 @@ def run(cfg, plan, run_dir, session_start, train_size, *, decode, restore, broad
                 save(epoch, step + 1, global_step, metrics)
 
         if evaluate and ((epoch + 1) % cfg.train.eval_every_epochs == 0 or epoch + 1 == epochs):
+            progress.evaluating(global_step)
             metrics = evaluate()
             progress.evaluated(epoch + 1, global_step, lr, metrics)
         save(epoch + 1, 0, global_step, metrics)

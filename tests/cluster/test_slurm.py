@@ -1,9 +1,9 @@
 """hvdtrain on a real Slurm cluster (the `slurm` fixture of conftest.py: 2 nodes of 1 task each),
 the ways a Slurm user runs it: a batch script whose body is `hvdtrain` (an array job's too),
 `salloc` + `hvdtrain`, `srun hvdtrain` (every task a rank), `launcher=slurm` from the login node,
-a sweep through Hydra's submitit launcher, and a job preempted by the signal ahead of its time
-limit or by `scontrol requeue` that requeues, resumes, and ends with the weights of an
-uninterrupted run."""
+a sweep through Hydra's submitit launcher, and a job preempted by `scontrol requeue` and then by
+the signal ahead of its time limit that is requeued each time, resumes, and ends with the
+weights of an uninterrupted run."""
 
 import io
 import json
@@ -77,27 +77,57 @@ def model_state(run_dir):
     return state["global_step"], state["model"]
 
 
-@pytest.mark.parametrize("preempt", [("scancel", "--batch", "--signal=USR1"), ("scontrol", "requeue")],
-                         ids=["USR1 ahead of the time limit", "scontrol requeue"])
-def test_a_preempted_job_requeues_resumes_and_ends_with_the_uninterrupted_weights(slurm, uninterrupted, preempt):
+# The two ways a Slurm job is preempted, met by one requeueable job in turn: Slurm requeues it on
+# `scontrol requeue` itself, while on the signal ahead of the time limit (the batch step's USR1)
+# hvdtrain requeues its own job.
+NOTICES = {"scontrol requeue": (("scontrol", "requeue"), 30, "SIGTERM"),
+           "USR1 ahead of the time limit": (("scancel", "--batch", "--signal=USR1"), 100, "SIGUSR1")}
+
+
+@pytest.fixture(scope="module")
+def preempted(slurm):
+    """A batch job of the digits recipe preempted by `scontrol requeue` once it has checkpointed
+    step 30, and, started again, by USR1 once it has checkpointed step 100, then run to its end:
+    (job id, its fields at the end, its output, its run directory)."""
     job = slurm.submit(batch_script(sbatch=("--requeue", "--open-mode=append")))
     run_dir = slurm.output_dir / "runs" / "digits" / f"slurm-{job}"
     slurm.wait_for_job_state(job, "RUNNING", timeout=60)
-    wait_for_step(run_dir, 30)
-    slurm.run(*preempt, job)
-    fields = finished(slurm, job)
-    assert fields["Restarts"] == "1"
-    output = slurm.output(job)
-    assert re.search(r"hvdtrain: preempted \((SIGUSR1|SIGTERM)\): stopped after step \d+ with a checkpoint", output)
-    assert ("hvdtrain: requeued Slurm job" in output) == (preempt[0] == "scancel")  # Slurm requeues on its own
-    assert f"hvdtrain: Slurm job {job} started again (SLURM_RESTART_COUNT=1): resuming {run_dir}" in output
-    [stop] = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-              if json.loads(line)["event"] == "preempted"]
-    assert stop["step"] >= 30
+    for preempt, step, _ in NOTICES.values():
+        wait_for_step(run_dir, step)
+        slurm.run(*preempt, job)
+    return job, finished(slurm, job), slurm.output(job), run_dir
 
+
+@pytest.fixture(params=list(NOTICES))
+def notice(request, preempted):
+    """(which preemption of the job, in order, its NOTICES entry, the job as `preempted` gives it)."""
+    return list(NOTICES).index(request.param), NOTICES[request.param], preempted
+
+
+def test_a_preempted_job_stops_with_a_checkpoint_after_the_notice(notice):
+    which, (_, step, signal_name), (_, _, output, run_dir) = notice
+    said = re.findall(r"hvdtrain: preempted \((\w+)\): stopped after step \d+ with a checkpoint", output)
+    stops = [record for record in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+             if record["event"] == "preempted"]
+    assert (said[which], stops[which]["step"] >= step) == (signal_name, True), output
+
+
+def test_a_preempted_job_is_started_again_by_slurm_and_resumes(notice):
+    which, _, (job, fields, output, run_dir) = notice
+    assert fields["Restarts"] == "2"
+    assert f"hvdtrain: Slurm job {job} started again (SLURM_RESTART_COUNT={which + 1}): resuming {run_dir}" in output
+
+
+def test_hvdtrain_requeues_its_job_on_the_signal_and_slurm_on_scontrol_requeue(preempted):
+    _, _, output, _ = preempted
+    assert output.count("hvdtrain: requeued Slurm job") == 1, output
+    assert output.index("hvdtrain: requeued Slurm job") > output.index("(SLURM_RESTART_COUNT=1)")
+
+
+def test_a_twice_preempted_job_ends_with_the_uninterrupted_weights(preempted, uninterrupted):
     import torch
 
-    (step, weights), (expected_step, expected) = model_state(run_dir), model_state(uninterrupted[1])
+    (step, weights), (expected_step, expected) = model_state(preempted[3]), model_state(uninterrupted[1])
     assert step == expected_step == 12 * 22
     assert weights.keys() == expected.keys()
     assert all(torch.equal(weights[name], expected[name]) for name in expected)

@@ -1,7 +1,8 @@
 """The supervisor's decisions (hvdtrain/launch/supervisor.py), on stand-in jobs (real processes
 that end as a job would) and configs: failures a restart can fix are restarted up to the limit,
 those a restart would meet again are not; a job that exits 0 unfinished is restarted; a restart
-loses the steps since the newest checkpoint; the ranks' stall settings; a smaller world after
+loses the steps since the newest checkpoint; a job quiet in its training steps is stopped, one
+quiet outside them or exiting is not; the ranks' stall settings; a smaller world after
 lost hosts keeps the global batch, or rescales it where allowed, or stops; hosts are probed with
 the agent mpirun uses. Real jobs supervised: tests/parallel/launch/test_supervisor.py."""
 
@@ -142,6 +143,46 @@ def test_the_ranks_stall_inspector_stops_them_after_fault_stall_shutdown_s():
 
 def test_no_stall_shutdown_leaves_the_ranks_stall_inspector_alone():
     assert supervisor.worker_settings(compose("fault.stall_shutdown_s=0").fault) == {}
+
+
+# Watching a job's heartbeat: a limit of 1 s on training steps (0.5 s and its grace), and 30 s
+# outside them, on stand-in jobs that beat as rank 0 does and then go quiet for 3 s.
+
+def job_beating(then, training=True):
+    """A command that beats step 7 (`training`: in training steps, or outside them), then runs
+    `then` (Python) and stays quiet for 3 s."""
+    return [sys.executable, "-c", f"import time; from hvdtrain.run.run_dir import Heartbeat; "
+                                  f"beat = Heartbeat('.'); beat.beat(7, training={training}); {then}; time.sleep(3)"]
+
+
+@pytest.fixture
+def watched(tmp_path, monkeypatch):
+    monkeypatch.setattr(supervisor, "stall_grace_s", lambda stall_shutdown_s: 0.5)
+    monkeypatch.setattr(supervisor, "OUTSIDE_STEPS_S", 30.0)
+    monkeypatch.chdir(tmp_path)
+    return lambda command: supervisor.watch(command, dict(os.environ), tmp_path, stall_shutdown_s=0.5)
+
+
+def test_a_job_quiet_in_its_training_steps_is_stopped(watched):
+    assert watched(job_beating("pass")).stalled_s > 1
+
+
+def test_a_job_quiet_outside_its_training_steps_is_not_stopped(watched):
+    """Starting, evaluating or writing the report is no stall: a report on a loaded machine has
+    taken longer than a test's limit on steps."""
+    assert watched(job_beating("pass", training=False)) == supervisor.Outcome(0)
+
+
+def test_a_job_that_has_finished_its_run_is_not_stopped_while_it_exits(watched):
+    assert watched(job_beating("beat.close()")) == supervisor.Outcome(0)
+
+
+def test_a_beat_says_its_step_and_whether_it_is_in_training_steps(tmp_path):
+    heartbeat = run_dir_files.Heartbeat(tmp_path)
+    heartbeat.beat(12, training=False)
+    beat = run_dir_files.last_beat(tmp_path)
+    heartbeat.close()
+    assert (beat.global_step, beat.training, run_dir_files.last_beat(tmp_path)) == (12, False, None)
 
 
 # A smaller world after lost hosts: the same global batch, or the linear rule where allowed.
