@@ -41,6 +41,7 @@ class Progress:
             self.heartbeat.beat(start["global_step"], training=False)  # until its first step
         self.window_loss, self.window_seconds, self.window_steps = 0.0, 0.0, 0  # since the last record
         self.train_loss = None  # the last recorded one
+        self.inputs = None  # the input pipeline's counts of the last epoch
 
     def elapsed_s(self):
         """The run's wall time so far, over all its sessions."""
@@ -108,8 +109,10 @@ class Progress:
             self.heartbeat.beat(global_step)
             self.log.record(event="eval", step=global_step, epoch=epoch, lr=lr, loss=self.train_loss, **metrics)
 
-    def epoch_done(self, epochs_completed, global_step, metrics):
-        """Rank 0: results.json as of now, `epochs_completed` epochs (`global_step` steps) in."""
+    def epoch_done(self, epochs_completed, global_step, metrics, inputs=None):
+        """Rank 0: results.json as of now, `epochs_completed` epochs (`global_step` steps) in, with
+        what the input pipeline met in the last epoch (`inputs`, where it counts anything)."""
+        self.inputs = inputs
         if self.log:
             self._results(epochs_completed, global_step, metrics)
 
@@ -127,4 +130,4 @@ class Progress:
     def _results(self, epochs_completed, global_step, metrics):
         return write_results(self.run_dir, self.cfg, self.plan, epochs_completed, metrics,
                              samples_trained=global_step * self.plan.global_batch_size,
-                             wall_time_s=self.elapsed_s(), train_time_s=self.train_s())
+                             wall_time_s=self.elapsed_s(), train_time_s=self.train_s(), inputs=self.inputs)

@@ -23,8 +23,10 @@ from hvdtrain.run.plan import warmup_text
 from hvdtrain.run.run_dir import write_atomically
 
 
-def write_results(run_dir, cfg, plan, epochs_completed, metrics, samples_trained, wall_time_s, train_time_s):
-    """results.json (see the module's docstring for the figures); rewritten as the run goes."""
+def write_results(run_dir, cfg, plan, epochs_completed, metrics, samples_trained, wall_time_s, train_time_s,
+                  inputs=None):
+    """results.json (see the module's docstring for the figures); rewritten as the run goes.
+    `inputs`: what the input pipeline met in the last epoch, where it counts anything."""
     target = cfg.recipe.target
     achieved = None if target is None else metrics.get(target.metric)
     train_samples_per_s = _per_second(samples_trained, train_time_s)
@@ -48,6 +50,8 @@ def write_results(run_dir, cfg, plan, epochs_completed, metrics, samples_trained
         "samples_per_s": train_samples_per_s,
         "restarts": restarts,
     }
+    if inputs is not None:
+        results["inputs_last_epoch"] = inputs
     write_atomically(Path(run_dir) / "results.json", (json.dumps(results, indent=2) + "\n").encode())
     return results
 
@@ -152,6 +156,10 @@ def final_summary(results, run_dir):
             line += (f"   target {target['value']:g}: {'reached' if results['target_reached'] else 'NOT reached'}"
                      f" ({target['source']})")
         lines.append(line)
+    inputs = results.get("inputs_last_epoch")
+    if inputs and any(inputs.values()):
+        lines.append(f"  inputs       in the last epoch {inputs['decoded_on_cpu']} files decoded by PIL (not the GPU's "
+                     f"decoder), {inputs['bad_files_skipped']} unreadable files skipped (data.bad_files=skip)")
     lines += [f"  results      {run_dir / 'results.json'}",
               f"  report       {run_dir / 'report.md'}",
               f"  tensorboard  tensorboard --logdir {run_dir / 'tensorboard'}"]

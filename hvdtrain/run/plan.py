@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from typing import List, Optional
 
 from hvdtrain.run.config import invalid
-from hvdtrain.run.config.data import expected_train_size
+from hvdtrain.run.config.data import decoder, expected_train_size
 from hvdtrain.run.config.schedule import warmup_length
 from hvdtrain.run.devices import Device
 from hvdtrain.run.hosts import Host
@@ -32,6 +32,8 @@ class Plan:
     device: str  # cpu or cuda; auto where hosts other than this machine decide when the job starts
     gpus_per_host: Optional[int]  # on CUDA, one GPU per rank (the most ranks a host has); else null
     device_reason: str
+    decode: Optional[str]  # an ImageFolder tree's decoder: cpu, gpu, or auto until the device is known; else null
+    decode_reason: str
     restarts: int  # the most restarts after failures (fault.max_restarts); 0 in a job hvdtrain did not launch
     launch_command: List[str] = field(default_factory=list)
 
@@ -56,6 +58,7 @@ def make_plan(cfg, hosts, device: Device, launch_command=(), train_size=None):
             f"{size_key}={given}: {train_size} training samples, fewer than one global batch ({global_batch} = "
             f"{world_size} ranks x train.batch_size={cfg.train.batch_size} x "
             f"train.backward_passes_per_step={cfg.train.backward_passes_per_step})")
+    decode, decode_reason = decoder(cfg.data, cfg.recipe.framework, device.kind)
     return Plan(
         world_size=world_size,
         hosts=list(hosts),
@@ -72,6 +75,8 @@ def make_plan(cfg, hosts, device: Device, launch_command=(), train_size=None):
         device=device.kind,
         gpus_per_host=max(host.slots for host in hosts) if device.kind == "cuda" else None,
         device_reason=device.reason,
+        decode=decode,
+        decode_reason=decode_reason,
         restarts=cfg.fault.max_restarts if supervised() else 0,
         launch_command=list(launch_command),
     )
@@ -107,6 +112,7 @@ def summary(plan, cfg, run_dir):
         f"  data         {cfg.data.source}" + (f" at {cfg.data.root}" if cfg.data.root else ""),
         f"  cluster      {cfg.cluster.name}: {plan.world_size} ranks on {hosts}",
         f"  device       {plan.device} ({plan.device_reason})",
+        *([f"  decode       {plan.decode} ({plan.decode_reason})"] if plan.decode else []),
         f"  batch        {plan.per_worker_batch_size} per worker x {plan.backward_passes_per_step} backward passes"
         f" x {plan.world_size} ranks = {plan.global_batch_size} per step",
         f"  LR           {plan.base_lr:g} per {plan.base_batch_size} samples -> peak {plan.peak_lr:g}"

@@ -16,6 +16,10 @@ SYNTHETIC_POOL = 64  # distinct random images; synthetic samples repeat them
 MNIST1D_LENGTH = 40  # values per MNIST-1D signal: the mnist1d package's default final_seq_length
 
 
+class BadFile(ValueError):
+    """A data file that no decoder reads; its text names the file."""
+
+
 def digits_split(val_size):
     """scikit-learn's digits as (train images, train labels, val images, val labels): 8x8 float32
     images in [0, 1] and int64 labels, split by a fixed permutation."""

@@ -12,8 +12,9 @@ from hvdtrain.tasks.data import SYNTHETIC_POOL, digits_split
 from hvdtrain.tasks.mnist1d import mnist1d_split
 
 
-def build_datasets(data_cfg, num_classes, seed):
-    """(training set, validation set) for the data config."""
+def build_datasets(data_cfg, num_classes, seed, decode="cpu"):
+    """(training set, validation set) for the data config; an ImageFolder tree's images decoded
+    as `decode` says ("cpu" or "gpu": data.decode as the rank resolved it)."""
     if data_cfg.source == "digits":
         return _in_memory(*digits_split(data_cfg.val_size))
     if data_cfg.source == "mnist1d":
@@ -25,7 +26,31 @@ def build_datasets(data_cfg, num_classes, seed):
     # torchvision takes over a second to import on every rank: only image folders need it
     from hvdtrain.tasks.image_folder_torch import image_folders
 
-    return image_folders(data_cfg, num_classes)
+    return image_folders(data_cfg, num_classes, decode)
+
+
+def rank_inputs(dataset, device, dtype, memory_format):
+    """What turns the loader's batches of `dataset` into (inputs, labels) on this rank: for an
+    ImageFolder tree decoded on the device, the decoding (on `device`, as `dtype` in
+    `memory_format`); for other data, the batches as they come."""
+    if isinstance(dataset, (TensorSamples, SyntheticImages)):
+        return LoaderInputs()
+    return dataset.rank_inputs(device, dtype, memory_format)
+
+
+def collate_function(dataset):
+    """How the loader makes a batch of `dataset`'s samples (None: its default)."""
+    return getattr(dataset, "collate", None)
+
+
+class LoaderInputs:
+    """A rank's inputs as the loader gives them, (images, labels) with nothing to count."""
+
+    def batches(self, loader):
+        return iter(loader)
+
+    def counts(self):
+        return None
 
 
 class TensorSamples(Dataset):

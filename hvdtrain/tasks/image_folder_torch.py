@@ -1,32 +1,295 @@
-"""ImageFolder trees (data.source=imagefolder) as PyTorch datasets, with torchvision's
-transforms; a module of its own so that other data sources do not import torchvision."""
+"""ImageFolder trees (data.source=imagefolder) as PyTorch datasets, decoded one of two ways
+(data.decode, chosen in the plan):
 
+- cpu: a loader worker reads, decodes (PIL), crops, resizes and flips each sample, as
+  torchvision's ImageFolder and transforms do;
+- gpu: a loader worker only reads each file's bytes (and draws its crop from the size in its JPEG
+  header); the rank decodes the whole batch on its GPU with torchvision's batched nvJPEG decoder,
+  and crops, resizes, flips and normalizes there (DeviceImages). Files that decoder does not
+  take (not a JPEG, CMYK) are decoded by PIL in the worker, and counted.
+
+Either way the crop and flip of a training sample come from its seed (tasks/image_files.py), so
+a sample looks the same decoded either way, in any run, rank or worker. A file PIL cannot read
+either stops the run with one line naming it, or with data.bad_files=skip is left out of its
+batch and counted. A module of its own so that other data sources do not import torchvision.
+"""
+
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import List, NamedTuple, Optional
 
 import torch
 import torchvision
-from torchvision import transforms
+from PIL import Image
+from torchvision.io import ImageReadMode, decode_jpeg, encode_jpeg
+from torchvision.transforms import v2
+from torchvision.transforms.v2 import functional as F
 
-from hvdtrain.tasks.data import IMAGENET_MEAN, IMAGENET_STD, check_classes
+from hvdtrain.tasks.data import IMAGENET_MEAN, IMAGENET_STD, BadFile, check_classes
+from hvdtrain.tasks.image_files import Crop, device_decodable, jpeg_frame, random_crop
 
 
-def image_folders(data_cfg, num_classes):
-    """(training set, validation set) of root/train and root/val: random resized crops and flips
-    for training, resize and center crop for validation, both normalized as ImageNet is."""
-    normalize = transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)
-    train = SeededImageFolder(Path(data_cfg.root) / "train", transforms.Compose([
-        transforms.RandomResizedCrop(data_cfg.image_size), transforms.RandomHorizontalFlip(),
-        transforms.ToTensor(), normalize]))
-    val = SeededImageFolder(Path(data_cfg.root) / "val", transforms.Compose([
-        transforms.Resize(data_cfg.resize_size), transforms.CenterCrop(data_cfg.image_size),
-        transforms.ToTensor(), normalize]))
+class Unreadable(NamedTuple):
+    """What a loader worker gives for a file PIL cannot read either: the rank decides (data.bad_files)."""
+    path: str
+    reason: str
+
+
+def image_folders(data_cfg, num_classes, decode):
+    """(training set, validation set) of root/train and root/val for `decode` ("cpu" or "gpu")."""
+    root, skip = Path(data_cfg.root), data_cfg.bad_files == "skip"
+    if decode == "gpu":
+        sizes = dict(size=data_cfg.image_size, resize_size=data_cfg.resize_size)
+        train = EncodedImageFolder(root / "train", training=True, skip_bad=skip, **sizes)
+        val = EncodedImageFolder(root / "val", training=False, skip_bad=skip, **sizes)
+    else:
+        train = DecodedImageFolder(root / "train", _training_transform(data_cfg.image_size), skip_bad=skip)
+        val = DecodedImageFolder(root / "val", _validation_transform(data_cfg.resize_size, data_cfg.image_size),
+                                 skip_bad=skip)
     check_classes(data_cfg, train.classes, val.classes, num_classes)
     return train, val
 
 
-class SeededImageFolder(torchvision.datasets.ImageFolder):
+def read_rgb(path):
+    """A file decoded by PIL as RGB, or Unreadable."""
+    try:
+        with Image.open(path) as image:
+            return image.convert("RGB")
+    except (OSError, SyntaxError, ValueError) as error:  # what PIL raises for a file it cannot read
+        return Unreadable(str(path), str(error))
+
+
+def device_decodes(device):
+    """Whether torchvision's JPEG decoder runs on `device` (a build without nvJPEG does not)."""
+    try:
+        decode_jpeg(encode_jpeg(torch.zeros((3, 8, 8), dtype=torch.uint8)), device=device)
+    except RuntimeError:
+        return False
+    return True
+
+
+def left_out(unreadable, skip_bad):
+    """How many `unreadable` files a batch leaves out (data.bad_files=skip), or BadFile naming the first."""
+    if unreadable and not skip_bad:
+        raise BadFile(f"{unreadable[0].path}: no decoder reads it ({unreadable[0].reason}); fix or remove it, or "
+                      f"leave such files out with data.bad_files=skip")
+    return len(unreadable)
+
+
+def _training_transform(size):
+    normalize = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+
+    def transform(image, seed):
+        crop = random_crop(seed, image.height, image.width)
+        image = F.resized_crop(image, crop.top, crop.left, crop.height, crop.width, [size, size], antialias=True)
+        return normalize(F.horizontal_flip(image) if crop.flip else image)
+    return transform
+
+
+def _validation_transform(resize_size, size):
+    steps = v2.Compose([v2.Resize(resize_size, antialias=True), v2.CenterCrop(size), v2.ToImage(),
+                        v2.ToDtype(torch.float32, scale=True), v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+    return lambda image, _seed: steps(image)
+
+
+class DecodedImageFolder(torchvision.datasets.ImageFolder):
+    """data.decode=cpu: samples decoded and transformed in the loader workers, asked for by (index,
+    seed)."""
+
+    def __init__(self, root, transform, skip_bad):
+        super().__init__(root)
+        self.seeded_transform, self.skip_bad = transform, skip_bad
+
     def __getitem__(self, key):
         index, seed = key
-        with torch.random.fork_rng(devices=[]):  # torchvision's random transforms draw from torch's generator
-            torch.manual_seed(seed)
-            return super().__getitem__(index)
+        path, label = self.samples[index]
+        image = read_rgb(path)
+        return image if isinstance(image, Unreadable) else (self.seeded_transform(image, seed), label)
+
+    @staticmethod
+    def collate(samples):
+        """(images, labels, the Unreadable files) of a batch of samples."""
+        kept = [sample for sample in samples if not isinstance(sample, Unreadable)]
+        images = torch.stack([image for image, _ in kept]) if kept else torch.empty(0)
+        return (images, torch.tensor([label for _, label in kept], dtype=torch.int64),
+                [sample for sample in samples if isinstance(sample, Unreadable)])
+
+    def rank_inputs(self, device, dtype, memory_format):
+        return DecodedInputs(self.skip_bad)
+
+
+class DecodedInputs:
+    """data.decode=cpu on a rank: the loader's batches as they are; the bad files stop the run, or
+    are left out and counted."""
+
+    def __init__(self, skip_bad):
+        self.skip_bad, self.skipped = skip_bad, 0
+
+    def batches(self, loader):
+        for images, labels, unreadable in loader:
+            self.skipped += left_out(unreadable, self.skip_bad)
+            yield images, labels
+
+    def counts(self):
+        """This rank's counts since the last call."""
+        counts, self.skipped = {"decoded_on_cpu": 0, "bad_files_skipped": self.skipped}, 0
+        return counts
+
+
+@dataclass
+class EncodedSample:
+    label: int
+    crop: Optional[Crop]  # training only
+    encoded: Optional[torch.Tensor] = None  # a JPEG's bytes, for the device's decoder
+    decoded: Optional[torch.Tensor] = None  # 3 x H x W uint8: decoded by PIL in the worker
+    path: str = ""
+
+
+class EncodedImageFolder(torchvision.datasets.ImageFolder):
+    """data.decode=gpu: a sample's file bytes and its crop, asked for by (index, seed); files the
+    device's decoder does not take are decoded here, by PIL. None for a bad file left out."""
+
+    def __init__(self, root, training, skip_bad, size, resize_size):
+        super().__init__(root)
+        self.training, self.skip_bad, self.size, self.resize_size = training, skip_bad, size, resize_size
+
+    def __getitem__(self, key):
+        index, seed = key
+        path, label = self.samples[index]
+        data = Path(path).read_bytes()
+        frame = jpeg_frame(data)
+        if device_decodable(frame):
+            crop = random_crop(seed, frame.height, frame.width) if self.training else None
+            return EncodedSample(label, crop, encoded=torch.frombuffer(bytearray(data), dtype=torch.uint8), path=path)
+        image = read_rgb(path)
+        if isinstance(image, Unreadable):
+            return image
+        decoded = F.pil_to_tensor(image)
+        crop = random_crop(seed, decoded.shape[1], decoded.shape[2]) if self.training else None
+        return EncodedSample(label, crop, decoded=decoded, path=path)
+
+    @staticmethod
+    def collate(samples):
+        return EncodedBatch([sample for sample in samples if not isinstance(sample, Unreadable)],
+                            [sample for sample in samples if isinstance(sample, Unreadable)])
+
+    def rank_inputs(self, device, dtype, memory_format):
+        return DeviceImages(device, self.size, self.resize_size, self.skip_bad, dtype, memory_format)
+
+
+@dataclass
+class EncodedBatch:
+    samples: List[EncodedSample]
+    unreadable: List[Unreadable]
+    labels: torch.Tensor = field(init=False)
+
+    def __post_init__(self):
+        self.labels = torch.tensor([sample.label for sample in self.samples], dtype=torch.int64)
+
+    def pin_memory(self):
+        """The DataLoader's pin_memory=True: the bytes the decoder reads, in page-locked memory."""
+        for sample in self.samples:
+            if sample.encoded is not None:
+                sample.encoded = sample.encoded.pin_memory()
+        return self
+
+    @property
+    def decoded_on_cpu(self):
+        return sum(sample.decoded is not None for sample in self.samples)
+
+
+class DeviceImages:
+    """data.decode=gpu on a rank: each EncodedBatch decoded on `device` (nvJPEG on a GPU; on the CPU
+    the same code decodes with libjpeg, which the tests use), cropped and resized to `size` (for
+    validation resized to `resize_size` and center-cropped), flipped and normalized, as `dtype` in
+    `memory_format`. On CUDA the next batch is decoded on a stream of its own while the current
+    step runs; events, not the host, order the two. Counts the samples PIL decoded and the bad
+    files left out."""
+
+    def __init__(self, device, size, resize_size, skip_bad, dtype=torch.float32, memory_format=torch.contiguous_format):
+        self.device, self.size, self.resize_size, self.skip_bad = device, size, resize_size, skip_bad
+        self.dtype, self.memory_format = dtype, memory_format
+        self.mean = torch.tensor(IMAGENET_MEAN, device=device).view(1, 3, 1, 1)
+        self.std = torch.tensor(IMAGENET_STD, device=device).view(1, 3, 1, 1)
+        self.decoded_on_cpu = self.skipped = 0
+
+    def batches(self, loader):
+        """(images, labels) on the device for each EncodedBatch of `loader`."""
+        if self.device.type != "cuda":
+            yield from map(self, loader)
+            return
+        stream = torch.cuda.Stream(self.device)
+        ahead = None
+        for batch in loader:
+            with torch.cuda.stream(stream):
+                tensors = self(batch)
+                ready = torch.cuda.Event()
+                ready.record(stream)
+            if ahead is not None:
+                yield self._handed_over(*ahead)
+            ahead = tensors, ready
+        if ahead is not None:
+            yield self._handed_over(*ahead)
+
+    def _handed_over(self, tensors, ready):
+        """The tensors made on the side stream, for use on the current one: it waits for their
+        event, and the caching allocator keeps their memory until its work on them is done."""
+        current = torch.cuda.current_stream(self.device)
+        current.wait_event(ready)
+        for tensor in tensors:
+            tensor.record_stream(current)
+        return tensors
+
+    def counts(self):
+        """This rank's counts since the last call."""
+        counts = {"decoded_on_cpu": self.decoded_on_cpu, "bad_files_skipped": self.skipped}
+        self.decoded_on_cpu = self.skipped = 0
+        return counts
+
+    def __call__(self, batch):
+        """(images, labels) on the device for one EncodedBatch."""
+        self.skipped += left_out(batch.unreadable, self.skip_bad)
+        images = self._decode(batch.samples)
+        kept = [i for i, image in enumerate(images) if not isinstance(image, Unreadable)]
+        self.decoded_on_cpu += batch.decoded_on_cpu
+        self.skipped += left_out([image for image in images if isinstance(image, Unreadable)], self.skip_bad)
+        out = torch.stack([self._transform(images[i], batch.samples[i].crop) for i in kept]) if kept \
+            else torch.empty((0, 3, self.size, self.size), dtype=torch.uint8, device=self.device)
+        out = ((out.float().div_(255) - self.mean) / self.std).to(self.dtype)
+        labels = batch.labels[kept].to(self.device, non_blocking=True)
+        return out.contiguous(memory_format=self.memory_format), labels
+
+    def _decode(self, samples):
+        """Each sample's 3 x H x W uint8 image on the device, or Unreadable. The
+        JPEGs go to the decoder as one batch; where it refuses the batch, one by one, and a file
+        it refuses goes to PIL."""
+        images = [None if s.decoded is None else s.decoded.to(self.device, non_blocking=True) for s in samples]
+        pending = [i for i, s in enumerate(samples) if s.encoded is not None]
+        if not pending:
+            return images
+        try:
+            decoded = decode_jpeg([samples[i].encoded for i in pending], mode=ImageReadMode.RGB, device=self.device)
+        except RuntimeError:
+            decoded = [self._decode_one(samples[i]) for i in pending]
+        for i, image in zip(pending, decoded):
+            images[i] = image
+        return images
+
+    def _decode_one(self, sample):
+        try:
+            return decode_jpeg(sample.encoded, mode=ImageReadMode.RGB, device=self.device)
+        except RuntimeError:
+            pass
+        image = read_rgb(sample.path)
+        if isinstance(image, Unreadable):
+            return image
+        self.decoded_on_cpu += 1
+        return F.pil_to_tensor(image).to(self.device)
+
+    def _transform(self, image, crop):
+        if crop is None:
+            image = F.resize(image, [self.resize_size], antialias=True)
+            return F.center_crop(image, [self.size, self.size])
+        image = F.resized_crop(image, crop.top, crop.left, crop.height, crop.width, [self.size, self.size],
+                               antialias=True)
+        return F.horizontal_flip(image) if crop.flip else image

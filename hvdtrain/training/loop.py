@@ -24,7 +24,7 @@ from hvdtrain.training.fault_tolerance import CARRY_ON, Safeguards
 
 
 def run(cfg, plan, run_dir, session_start, train_size, *, decode, restore, broadcast_initial, epoch_batches,
-        train_step, evaluate, checkpoint_state):
+        train_step, evaluate, checkpoint_state, input_counts=None):
     """Train from where the run stands to `train.epochs`. The framework's parts, called on every rank:
     - decode(bytes) -> dict: a checkpoint's framework state as checkpoint_state() wrote it;
     - restore(state): take a checkpoint's state (the decoded parts and the metadata);
@@ -33,6 +33,9 @@ def run(cfg, plan, run_dir, session_start, train_size, *, decode, restore, broad
     - train_step(batches, lr, global_step) -> this rank's mean loss of one optimizer step, a float or
       a 0-d tensor left on its device (progress.py reads it only when it records);
     - evaluate() -> the validation metrics, or evaluate=None when there is no validation set;
+    - input_counts() -> what the input pipeline met in the epoch just trained, added up over the
+      ranks (a collective: {"decoded_on_cpu": n, "bad_files_skipped": n}), or None where it has
+      nothing to count;
     - checkpoint_state() -> the bytes of the framework's state on rank 0 (None on the others),
       after making every rank's copy of the model the same (BatchNorm statistics averaged).
     """
@@ -97,5 +100,5 @@ def run(cfg, plan, run_dir, session_start, train_size, *, decode, restore, broad
             metrics = evaluate()
             progress.evaluated(epoch + 1, global_step, lr, metrics)
         save(epoch + 1, 0, global_step, metrics)
-        progress.epoch_done(epoch + 1, global_step, metrics)
+        progress.epoch_done(epoch + 1, global_step, metrics, input_counts() if input_counts else None)
     progress.finish(epochs, global_step, metrics)

@@ -23,7 +23,9 @@ from hvdtrain.training import loop, sharding
 from hvdtrain.training.lars import LARS
 from hvdtrain.run.hosts import job_hosts
 from hvdtrain.run.plan import make_plan
-from hvdtrain.tasks.data_torch import build_datasets
+from hvdtrain.run.config import ConfigError
+from hvdtrain.run.config.data import decoder
+from hvdtrain.tasks.data_torch import build_datasets, collate_function, rank_inputs
 from hvdtrain.tasks.models_torch import build_model
 
 
@@ -34,7 +36,7 @@ def train(cfg, run_dir, device):
     target = _use_device(device.kind, cfg.train.cudnn_benchmark)
     precision = cfg.train.autocast
     torch.manual_seed(cfg.train.seed)
-    train_set, val_set = build_datasets(cfg.data, cfg.model.num_classes, cfg.train.seed)
+    train_set, val_set = build_datasets(cfg.data, cfg.model.num_classes, cfg.train.seed, _decoder(cfg.data, target))
     plan = make_plan(cfg, job_hosts(), device, train_size=len(train_set))
     passes = cfg.train.backward_passes_per_step
     to_device = ToDevice(target, cfg.train.channels_last)
@@ -48,6 +50,8 @@ def train(cfg, run_dir, device):
     scaler = torch.amp.GradScaler(target.type, enabled=precision == "fp16")  # fp16 is CUDA's only (run/devices.py)
     train_batches = EpochBatches(cfg.train.batch_size)
     train_loader = _loader(train_set, train_batches, cfg.data.loader_workers, target)
+    layout = (_input_dtype(target, precision), torch.channels_last if cfg.train.channels_last else torch.contiguous_format)
+    train_inputs, val_inputs = rank_inputs(train_set, target, *layout), rank_inputs(val_set, target, *layout)
 
     def restore(state):
         model.load_state_dict(state["model"])
@@ -57,7 +61,14 @@ def train(cfg, run_dir, device):
 
     def epoch_batches(epoch, indices):
         train_batches.take([(int(i), sharding.sample_seed(cfg.train.seed, epoch, i)) for i in indices])
-        return iter(train_loader)
+        return train_inputs.batches(train_loader)
+
+    def input_counts():
+        counts = train_inputs.counts()
+        if counts is None:
+            return None
+        totals = hvd.allreduce(torch.tensor(list(counts.values())), op=hvd.Sum, name="inputs.counts")
+        return dict(zip(counts, totals.tolist()))
 
     def step(batches, lr, global_step):
         _set_learning_rate(optimizer, lr, cfg.optimizer.momentum_correction)
@@ -68,8 +79,8 @@ def train(cfg, run_dir, device):
              decode=_decode, restore=restore,
              broadcast_initial=lambda: hvd.broadcast_parameters(model.state_dict(), root_rank=0),
              epoch_batches=epoch_batches, train_step=step,
-             evaluate=(lambda: evaluate(model, val_set, cfg, to_device, precision)) if len(val_set) else None,
-             checkpoint_state=lambda: _checkpoint_state(model, optimizer, scaler))
+             evaluate=(lambda: evaluate(model, val_set, val_inputs, cfg, to_device, precision)) if len(val_set) else None,
+             checkpoint_state=lambda: _checkpoint_state(model, optimizer, scaler), input_counts=input_counts)
 
 
 class ToDevice:
@@ -125,7 +136,7 @@ def _train_step(model, optimizer, scaler, batches, passes, to_device, precision)
 
 
 @torch.no_grad()
-def evaluate(model, val_set, cfg, to_device, precision):
+def evaluate(model, val_set, val_inputs, cfg, to_device, precision):
     """Validation metrics over the whole validation set: each rank evaluates its shard and the
     sums (loss, correct top-1, correct top-5, samples) are added up across ranks, exactly. The
     sums stay on the device until the shard is done."""
@@ -134,7 +145,8 @@ def evaluate(model, val_set, cfg, to_device, precision):
     sums, count = torch.zeros(3, dtype=torch.float64, device=to_device.device), 0
     batches = EpochBatches(cfg.train.batch_size,
                            [(int(i), 0) for i in sharding.eval_shard(len(val_set), hvd.rank(), hvd.size())])
-    for images, labels in _loader(val_set, batches, cfg.data.loader_workers, to_device.device, persistent=False):
+    for images, labels in val_inputs.batches(_loader(val_set, batches, cfg.data.loader_workers, to_device.device,
+                                                     persistent=False)):
         with autocast_context(to_device.device, precision):
             logits = model(to_device(images)).float()
         labels = to_device(labels)
@@ -223,8 +235,34 @@ def _set_learning_rate(optimizer, lr, momentum_correction):
 def _loader(dataset, batch_sampler, workers, device, persistent=True):
     """Batches from `batch_sampler` (an EpochBatches). On CUDA they come in pinned memory, from
     which ToDevice copies them without blocking."""
-    return DataLoader(dataset, batch_sampler=batch_sampler, num_workers=workers,
+    return DataLoader(dataset, batch_sampler=batch_sampler, num_workers=workers, collate_fn=collate_function(dataset),
                       persistent_workers=persistent and workers > 0, pin_memory=device.type == "cuda")
+
+
+def _decoder(data_cfg, target):
+    """Where this rank decodes an ImageFolder tree's JPEGs (data.decode as the plan resolves it for
+    its device): "gpu" only where torchvision's decoder runs on it, which auto checks, else "cpu"."""
+    decode, _ = decoder(data_cfg, "torch", target.type)
+    if decode != "gpu":
+        return decode
+    from hvdtrain.tasks.image_folder_torch import device_decodes
+
+    if device_decodes(target):
+        return "gpu"
+    if data_cfg.decode == "gpu":
+        raise ConfigError(f"data.decode=gpu: torchvision's JPEG decoder does not run on {target} here; "
+                          f"use data.decode=cpu (PIL in the loader workers)")
+    if hvd.rank() == 0:
+        print("hvdtrain: data.decode=auto: torchvision's JPEG decoder does not run on this GPU; the loader "
+              "workers decode with PIL", flush=True)
+    return "cpu"
+
+
+def _input_dtype(target, precision):
+    """The dtype of the images a device decoder hands the model: autocast's, which the first layer
+    would cast them to anyway."""
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32) if target.type == "cuda" \
+        else torch.float32
 
 
 def _use_device(kind, cudnn_benchmark):

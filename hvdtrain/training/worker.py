@@ -21,12 +21,13 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from hvdtrain.core.exits import EXIT_CONFIG, EXIT_PREEMPTED, exit_status
+from hvdtrain.core.exits import EXIT_CONFIG, EXIT_PREEMPTED, EXIT_RANK_ERROR, exit_status
 from hvdtrain.run import devices
 from hvdtrain.run.config import ConfigError, typed
 from hvdtrain.run.job import launcher_rank
 from hvdtrain.run.run_dir import load_run_config
 from hvdtrain.run.tensorflow_startup import import_tensorflow
+from hvdtrain.tasks.data import BadFile
 from hvdtrain.training import fault_tolerance
 
 
@@ -109,6 +110,9 @@ def _train_or_exit(cfg, run_dir):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(EXIT_PREEMPTED)  # as below: the job ends here, whatever waits in atexit
+    except (BadFile, ConfigError) as error:  # the data's or the config's fault, said in one line; no restart helps
+        print(f"hvdtrain: rank {launcher_rank()}: {error}", file=sys.stderr, flush=True)
+        os._exit(EXIT_CONFIG if isinstance(error, ConfigError) else EXIT_RANK_ERROR)
     except BaseException as error:
         traceback.print_exc()
         print(f"hvdtrain: rank {launcher_rank()} failed: {type(error).__name__}: {error}", file=sys.stderr, flush=True)

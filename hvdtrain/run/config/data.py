@@ -17,6 +17,12 @@ DATA_SOURCES = {
     "mnist1d": "signal",  # MNIST-1D: 40-value signals of 10 digits, made by the mnist1d package (tasks/mnist1d.py)
 }
 
+# Where an ImageFolder tree's JPEGs are decoded: in the loader workers with PIL (cpu), or on each
+# rank's GPU with nvJPEG, batch by batch (gpu); auto: gpu where the ranks train on CUDA with torch.
+DECODERS = ("auto", "cpu", "gpu")
+# A file no decoder reads: stop the run naming it, or leave it out and count it.
+BAD_FILES = ("stop", "skip")
+
 # The mnist1d package's own train/test split (its get_dataset_args().train_split), which
 # hvdtrain keeps: the first 80 % of data.num_samples train.
 MNIST1D_TRAIN_SPLIT = 0.8
@@ -31,6 +37,8 @@ class DataConfig:
     image_size: int = 224
     resize_size: int = 256  # validation images are resized to this, then center-cropped to image_size
     loader_workers: int = 0
+    decode: str = "auto"  # imagefolder only: DECODERS
+    bad_files: str = "stop"  # imagefolder only: BAD_FILES
     # mnist1d only: the samples made (80 % training, 20 % validation: the package's split), the
     # package's seed argument, and the directory rank 0 keeps the made data in.
     num_samples: Optional[int] = None
@@ -88,6 +96,38 @@ def check(cfg, problems):
                        f"{model.name} needs images of at least {smallest} pixels")
         problems.check(data.resize_size >= data.image_size, "data.resize_size", "must be at least data.image_size")
     problems.check(data.loader_workers >= 0, "data.loader_workers", "must be 0 (load in the training process) or more")
+    problems.check(data.decode in DECODERS, "data.decode", f"allowed: {', '.join(DECODERS)}")
+    problems.check(data.bad_files in BAD_FILES, "data.bad_files", f"allowed: {', '.join(BAD_FILES)}")
+    if data.decode == "gpu":
+        problems.check(data.source == "imagefolder", "data.decode",
+                       "gpu decodes the JPEGs of an ImageFolder tree (data.source=imagefolder) only")
+        problems.check(cfg.recipe.framework == "torch", "data.decode",
+                       "gpu is torch's (torchvision's nvJPEG decoder); TensorFlow decodes with tf.data")
+        problems.check(cfg.train.device != "cpu", "data.decode", "gpu needs the ranks to train on CUDA, not "
+                       "train.device=cpu")
+    problems.check(data.bad_files == "stop" or cfg.recipe.framework == "torch", "data.bad_files",
+                   "skip is torch's; TensorFlow's tf.data stops at a file it cannot read")
+
+
+def decoder(data_cfg, framework, device_kind):
+    """(where an ImageFolder tree's images are decoded: "cpu", "gpu", or "auto" until the device
+    is known; why, in a few words), or (None, "") for other data."""
+    if data_cfg.source != "imagefolder":
+        return None, ""
+    workers = f"PIL in {data_cfg.loader_workers} loader process{'es' if data_cfg.loader_workers > 1 else ''}" \
+        if data_cfg.loader_workers \
+        else "PIL in the training process"
+    if data_cfg.decode == "cpu":
+        return "cpu", f"data.decode=cpu: {workers}"
+    if data_cfg.decode == "gpu":
+        return "gpu", "data.decode=gpu: nvJPEG on each rank's GPU, batch by batch"
+    if framework != "torch":
+        return "cpu", "data.decode=auto: TensorFlow decodes with tf.data"
+    if device_kind == "auto":
+        return "auto", "data.decode=auto: gpu where the ranks train on CUDA, decided as they start"
+    if device_kind == "cuda":
+        return "gpu", "data.decode=auto: the ranks train on CUDA; nvJPEG on each rank's GPU"
+    return "cpu", f"data.decode=auto: the ranks train on the CPU; {workers}"
 
 
 def _image_folder_problems(root):

@@ -19,7 +19,7 @@ def evaluated():
 
     import hvdtrain.torch as hvd
     from hvdtrain.run.config import typed
-    from hvdtrain.tasks.data_torch import build_datasets
+    from hvdtrain.tasks.data_torch import build_datasets, rank_inputs
     from hvdtrain.tasks.models_torch import build_model
     from hvdtrain.training.train_torch import ToDevice, evaluate
 
@@ -32,7 +32,9 @@ def evaluated():
         if isinstance(module, torch.nn.BatchNorm2d):
             module.running_mean.fill_(hvd.rank())
     _, val = build_datasets(cfg.data, 10, 0)
-    metrics = evaluate(model, val, cfg, ToDevice(torch.device("cpu"), channels_last=False), "none")
+    cpu = torch.device("cpu")
+    inputs = rank_inputs(val, cpu, torch.float32, torch.contiguous_format)
+    metrics = evaluate(model, val, inputs, cfg, ToDevice(cpu, channels_last=False), "none")
     return metrics, model, val, hvd.size()
 
 

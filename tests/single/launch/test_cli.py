@@ -210,6 +210,8 @@ def test_a_dry_run_prints_the_plan(resnet101_on_4x4):
         "gpus_per_host": None,
         "device_reason": "train.device=auto: decided when the job starts: CUDA if every host has a GPU for each "
                          "of its ranks, else the CPU",
+        "decode": "auto",  # with the device: nvJPEG on CUDA, else PIL
+        "decode_reason": "data.decode=auto: gpu where the ranks train on CUDA, decided as they start",
         "restarts": 3,  # fault.max_restarts: hvdtrain launches this job, so it supervises it
         "predicted_efficiency": None,  # the prediction's cases: tests/single/scaling/test_prediction.py
         "predicted_samples_per_s": None,

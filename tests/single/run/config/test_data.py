@@ -1,16 +1,19 @@
 """The `data` section (hvdtrain/run/config/data.py): MNIST-1D's keys, refused with the key where
 they cannot run and set by data=mnist1d where not given; a data source and a model that take
-other inputs are refused together; a dry run needs no data.root."""
+other inputs are refused together; a dry run needs no data.root; where an ImageFolder tree is
+decoded (data.decode), and the choices refused where they cannot run."""
 
 from pathlib import Path
 
 import pytest
 
 from hvdtrain.run.config import ConfigError, validate
+from hvdtrain.run.config.data import decoder
 
 from support.configs import compose
 
 MNIST1D = ["recipe=mnist1d"]
+IMAGENET = ["recipe=resnet50_imagenet", "dry_run=true"]
 REFUSED = {
     "no samples": (MNIST1D + ["data.num_samples=0"], "data.num_samples=0: must be a positive multiple of 10 (the "
                                                      "package makes data.num_samples / 10 samples of each digit)"),
@@ -27,6 +30,16 @@ REFUSED = {
     "a digits model with mnist1d": (MNIST1D + ["model=digits_mlp"], "data.source='mnist1d': gives signal inputs but "
                                                                     "model digits_mlp takes digits inputs"),
     "other classes": (MNIST1D + ["model.num_classes=5"], "model.num_classes=5: the mnist1d data set has 10 classes"),
+    "an unknown decoder": (["data.decode=dali"], "data.decode='dali': allowed: auto, cpu, gpu"),
+    "the gpu decoder for digits": (["data.decode=gpu"], "data.decode='gpu': gpu decodes the JPEGs of an ImageFolder "
+                                                        "tree (data.source=imagefolder) only"),
+    "the gpu decoder with tensorflow": (IMAGENET + ["data.decode=gpu", "recipe.framework=tensorflow"],
+                                        "data.decode='gpu': gpu is torch's (torchvision's nvJPEG decoder)"),
+    "the gpu decoder on the cpu": (IMAGENET + ["data.decode=gpu", "train.device=cpu"],
+                                   "data.decode='gpu': gpu needs the ranks to train on CUDA, not train.device=cpu"),
+    "an unknown bad files choice": (["data.bad_files=ignore"], "data.bad_files='ignore': allowed: stop, skip"),
+    "skipping bad files with tensorflow": (IMAGENET + ["data.bad_files=skip", "recipe.framework=tensorflow"],
+                                           "data.bad_files='skip': skip is torch's"),
 }
 
 
@@ -61,3 +74,20 @@ def test_imagenet_has_its_size_and_a_dry_run_needs_no_data_root():
 
 def test_an_imagefolder_tree_of_unknown_size_leaves_it_unset():
     assert compose("recipe=resnet50_imagenet", "data=imagefolder", "dry_run=true").data.train_size is None
+
+
+@pytest.mark.parametrize("overrides, framework, device, chosen", [
+    ((), "torch", "cuda", "gpu"),
+    ((), "torch", "cpu", "cpu"),
+    ((), "torch", "auto", "auto"),
+    ((), "tensorflow", "cuda", "cpu"),
+    (("data.decode=cpu",), "torch", "cuda", "cpu"),
+    (("data.decode=gpu",), "torch", "cuda", "gpu"),
+], ids=["auto on cuda", "auto on the cpu", "auto before the device is known", "auto with tensorflow",
+        "cpu on cuda", "gpu on cuda"])
+def test_an_imagefolder_trees_decoder_follows_data_decode_and_the_device(overrides, framework, device, chosen):
+    assert decoder(compose(*IMAGENET, *overrides).data, framework, device)[0] == chosen
+
+
+def test_other_data_has_no_decoder():
+    assert decoder(compose().data, "torch", "cuda") == (None, "")

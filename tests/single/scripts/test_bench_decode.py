@@ -1,0 +1,41 @@
+"""scripts/bench_decode.py, in this process on a few small images: it writes both ways' rates,
+and stops on a wrong answer instead of timing it."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "bench_decode.py"
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    spec = importlib.util.spec_from_file_location("bench_decode", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(torch, "set_num_threads", lambda threads: None)  # this process's threads stay as they are
+    return module
+
+
+def run(bench, monkeypatch, out):
+    monkeypatch.setattr(sys, "argv", ["bench_decode.py", "--images", "8", "--rounds", "2", "--size", "32",
+                                      "--out", str(out)])
+    bench.main()
+
+
+def test_the_bench_writes_both_ways_rates(bench, monkeypatch, tmp_path):
+    run(bench, monkeypatch, tmp_path / "results.json")
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert {name: len(rates) for name, rates in results["rates"].items()} == {"cpu": 2, "gpu on the cpu": 2}
+
+
+def test_the_bench_stops_on_a_wrong_result(bench, monkeypatch, tmp_path):
+    right = bench.decode_on_device
+    monkeypatch.setattr(bench, "decode_on_device",
+                        lambda *args: [(images.flip(-1), labels) for images, labels in right(*args)])
+    with pytest.raises(SystemExit, match="the two ways disagree"):
+        run(bench, monkeypatch, tmp_path / "results.json")
