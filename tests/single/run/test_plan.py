@@ -1,6 +1,7 @@
 """The plan of a run (hvdtrain/run/plan.py): the steps of an epoch from the data's size where it
 is known before any data is loaded (ImageNet, MNIST-1D), none where it is not; a data set smaller
-than one global batch is refused with the numbers; the summary says the device and why."""
+than one global batch is refused with the numbers; the summary says the device and why, and
+where an ImageFolder tree is decoded; decoding on the GPU for ranks on the CPU is refused."""
 
 import pytest
 from mnist1d.data import get_dataset_args
@@ -54,3 +55,15 @@ def test_the_summary_says_the_device_and_why():
     plan = make_plan(cfg, [Host("localhost", 2)], devices.choose("auto", 2, 1, "torch", "this machine"))
     assert ("  device       cpu (train.device=auto: torch sees 1 CUDA device for 2 ranks on this machine, and each "
             "rank needs a GPU of its own; cluster.slots=1 would train on CUDA)") in summary(plan, cfg, "r")
+
+
+def test_the_summary_says_where_an_imagefolder_tree_is_decoded_and_why():
+    cfg = compose("recipe=resnet50_imagenet", "dry_run=true")
+    text = summary(make_plan(cfg, hosts.resolve_hosts(cfg.cluster), CPU), cfg, "runs/x")
+    assert "  decode       cpu (data.decode=auto: the ranks train on the CPU; PIL in 4 loader processes)" in text
+
+
+def test_decoding_on_the_gpu_for_ranks_that_train_on_the_cpu_is_refused():
+    with pytest.raises(ConfigError, match=r"^invalid config: data.decode=gpu: the ranks train on the CPU "
+                                          r"\(train.device=cpu\); use data.decode=auto or cpu$"):
+        plan_of("recipe=resnet50_imagenet", "dry_run=true", "data.decode=gpu")
