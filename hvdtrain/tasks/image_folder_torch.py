@@ -187,7 +187,9 @@ class EncodedBatch:
         self.labels = torch.tensor([sample.label for sample in self.samples], dtype=torch.int64)
 
     def pin_memory(self):
-        """The DataLoader's pin_memory=True: the bytes the decoder reads, in page-locked memory."""
+        """The DataLoader's pin_memory=True: the bytes the decoder reads and the labels, in
+        page-locked memory."""
+        self.labels = self.labels.pin_memory()
         for sample in self.samples:
             if sample.encoded is not None:
                 sample.encoded = sample.encoded.pin_memory()

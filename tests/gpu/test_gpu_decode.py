@@ -49,7 +49,8 @@ def test_the_gpu_gives_the_labels_and_nearly_the_pixels_pil_gives(tree):
 def test_batches_decoded_ahead_on_the_side_stream_are_those_decoded_in_turn(tree):
     dataset = on_gpu(tree)
     inputs = dataset.rank_inputs(CUDA, torch.bfloat16, torch.channels_last)
-    ahead = [(images.clone(), labels.clone()) for images, labels in inputs.batches(batches_of(dataset, 64))]
+    pinned = [batch.pin_memory() for batch in batches_of(dataset, 64)]  # as the DataLoader hands them over on CUDA
+    ahead = [(images.clone(), labels.clone()) for images, labels in inputs.batches(pinned)]
     in_turn = [inputs(batch) for batch in batches_of(dataset, 64)]
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(ahead, in_turn, strict=True))
     assert ahead[0][0].dtype == torch.bfloat16 and ahead[0][0].is_contiguous(memory_format=torch.channels_last)
