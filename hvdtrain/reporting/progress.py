@@ -40,7 +40,9 @@ class Progress:
             self.heartbeat = Heartbeat(run_dir)
             self.heartbeat.beat(start["global_step"], training=False)  # until its first step
         self.window_loss, self.window_seconds, self.window_steps = 0.0, 0.0, 0  # since the last record
-        self.train_loss = None  # the last recorded one
+        # The last recorded loss, which an evaluation records beside it: after a stop at an epoch's
+        # last step, the resumed run evaluates before it trains
+        self.train_loss = self.log.last_train_loss() if self.log else None
         self.inputs = None  # the input pipeline's counts of the last epoch
 
     def elapsed_s(self):

@@ -35,6 +35,11 @@ class RunLog:
         self.bar = tqdm(total=total_steps, initial=start_step, unit="step", file=sys.stderr,
                         dynamic_ncols=True, mininterval=1.0, disable=not self.interactive)
 
+    def last_train_loss(self):
+        """The loss of the last training record kept, or None."""
+        losses = [record["loss"] for record in read_history(self.path) if record["event"] == "train"]
+        return losses[-1] if losses else None
+
     def advance(self):
         self.bar.update(1)
 

@@ -76,6 +76,8 @@ def run(cfg, plan, run_dir, session_start, train_size, *, decode, restore, broad
 
     for epoch in range(start["epoch"], epochs):
         first = checkpoint.step_in_epoch(start, plan.global_batch_size) if epoch == start["epoch"] else 0
+        if first:  # the LR of the step taken last, which an evaluation before the next one records
+            lr = learning_rate(epoch + (first - 1) / steps, cfg.schedule, plan.base_lr, plan.peak_lr, epochs)
         shard = sharding.train_shard(train_size, cfg.train.seed, epoch, core.rank(), core.size())
         batches = epoch_batches(epoch, shard[first * samples_per_step:steps * samples_per_step])
         for step in range(first, steps):
