@@ -3,7 +3,8 @@ real runs: checkpoints come by time at logged steps; a scheduler's notice (train
 USR1, to any rank, or to the command; inside Slurm SIGTERM too) stops every rank after the same
 step with a checkpoint of it, and the job exits 77, not restarted, its results.json saying the
 epochs it completed; resumed, the run goes on from that step and ends with the weights and
-history of the uninterrupted default run."""
+history of the uninterrupted default run; one stopped after an epoch's last step evaluates on
+resume with that step's LR and loss."""
 
 import os
 import signal
@@ -13,10 +14,13 @@ import pytest
 
 from hvdtrain.core import exits
 
-from support.commands import assert_the_figures_divide, history, newest_checkpoint, results_of
+from hvdtrain.run.preemption import post_notice
+from hvdtrain.run.run_dir import HEARTBEAT
 
-from parallel.runs import (RUN, RUN_STEPS, assert_same_weights, finish, send_after_a_checkpoint, start_hvdtrain,
-                           torch_state, training_history)
+from support.commands import assert_the_figures_divide, history, newest_checkpoint, results_of, wait_until
+
+from parallel.runs import (RUN, RUN_STEPS, TIMEOUT, assert_same_weights, finish, send_after_a_checkpoint,
+                           start_hvdtrain, torch_state, training_history)
 
 
 def test_checkpoints_come_by_time_at_logged_steps(constant_run):
@@ -112,3 +116,27 @@ def test_a_preempted_run_resumed_ends_with_the_uninterrupted_weights(preempted, 
 
 def test_a_preempted_run_resumed_ends_with_the_uninterrupted_history(preempted, default_run):
     assert training_history(preempted.run_dir) == training_history(default_run[0])
+
+
+@pytest.fixture(scope="module")
+def stopped_at_an_epochs_end(tmp_path_factory):
+    """The digits recipe for 2 epochs without warmup (so that the LR changes every step), logging
+    only at each epoch's end, given notice (as the command posts it) before its first step, so that
+    it stops after epoch 0's last step, then resumed to its end: its history."""
+    run_dir = tmp_path_factory.mktemp("epoch_end") / "run"
+    process, log = start_hvdtrain(run_dir, "train.epochs=2", "train.log_every_steps=22", "schedule.warmup_epochs=0",
+                                  "fault.restart_wait_s=0.5")
+    wait_until(lambda: (run_dir / HEARTBEAT).exists(), TIMEOUT, "rank 0's first beat")
+    post_notice(run_dir, "SIGUSR1")
+    status, output = finish(process, log, run_dir)
+    assert status == exits.EXIT_PREEMPTED, output
+    process, log = start_hvdtrain(run_dir, f"resume={run_dir}")
+    status, output = finish(process, log, run_dir)
+    assert status == 0 and "hvdtrain: resuming at epoch 0, step 22" in output, output
+    return history(run_dir)
+
+
+def test_a_run_resumed_at_an_epochs_end_evaluates_with_the_lr_and_loss_of_its_last_step(stopped_at_an_epochs_end):
+    [train] = [r for r in stopped_at_an_epochs_end if r["event"] == "train" and r["step"] == 22]
+    [evaluation] = [r for r in stopped_at_an_epochs_end if r["event"] == "eval" and r["step"] == 22]
+    assert (evaluation["lr"], evaluation["loss"]) == (train["lr"], train["loss"])
