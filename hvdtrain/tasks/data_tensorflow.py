@@ -16,13 +16,12 @@ import numpy as np
 import tensorflow as tf
 
 from hvdtrain.tasks.data import IMAGENET_MEAN, IMAGENET_STD, SYNTHETIC_POOL, check_classes, digits_split
+from hvdtrain.tasks.image_files import CROP_AREA, CROP_ASPECT_RATIO, CROP_ATTEMPTS
 from hvdtrain.tasks.mnist1d import mnist1d_split
 
 # What torchvision's ImageFolder takes, and the part of it TensorFlow can decode.
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 DECODABLE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
-# torchvision's RandomResizedCrop: 8 % to 100 % of the area, aspect ratio 3/4 to 4/3, 10 tries.
-CROP_AREA, CROP_ASPECT_RATIO, CROP_ATTEMPTS = (0.08, 1.0), (3 / 4, 4 / 3), 10
 
 
 def build_datasets(data_cfg, num_classes, seed):

@@ -33,9 +33,8 @@ def rank_inputs(dataset, device, dtype, memory_format):
     """What turns the loader's batches of `dataset` into (inputs, labels) on this rank: for an
     ImageFolder tree decoded on the device, the decoding (on `device`, as `dtype` in
     `memory_format`); for other data, the batches as they come."""
-    if isinstance(dataset, (TensorSamples, SyntheticImages)):
-        return LoaderInputs()
-    return dataset.rank_inputs(device, dtype, memory_format)
+    make = getattr(dataset, "rank_inputs", None)
+    return make(device, dtype, memory_format) if make else LoaderInputs()
 
 
 def collate_function(dataset):

@@ -76,8 +76,13 @@ def left_out(unreadable, skip_bad):
     return len(unreadable)
 
 
+def _normalized():
+    """A PIL image to a float tensor normalized as ImageNet is."""
+    return v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+
+
 def _training_transform(size):
-    normalize = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+    normalize = _normalized()
 
     def transform(image, seed):
         crop = random_crop(seed, image.height, image.width)
@@ -87,8 +92,7 @@ def _training_transform(size):
 
 
 def _validation_transform(resize_size, size):
-    steps = v2.Compose([v2.Resize(resize_size, antialias=True), v2.CenterCrop(size), v2.ToImage(),
-                        v2.ToDtype(torch.float32, scale=True), v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+    steps = v2.Compose([v2.Resize(resize_size, antialias=True), v2.CenterCrop(size), _normalized()])
     return lambda image, _seed: steps(image)
 
 
