@@ -20,12 +20,13 @@ Horovod published a figure (16, 128 and 512 GPUs).
 
 import argparse
 import csv
-import json
 import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from hvdtrain.run.plan import read_plans
 
 REPO = Path(__file__).resolve().parent.parent
 GPUS_PER_SERVER = 4
@@ -67,7 +68,7 @@ def predicted(gpu_counts):
         result = subprocess.run(command, cwd=empty, env=environment, capture_output=True, text=True, timeout=600)
     if result.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed:\n{result.stdout}{result.stderr}")
-    plans = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    plans = read_plans(result.stdout)
     jobs = [(gpus, model) for model in RECIPES for gpus in gpu_counts]  # Hydra's sweep: the product, in order
     if [plan["world_size"] for plan in plans] != [gpus for gpus, _ in jobs]:
         raise SystemExit(f"the sweep's plans are not the layouts asked for:\n{result.stdout}")

@@ -37,8 +37,9 @@ __all__ = [
     "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank", "cross_size",
     "cross_rank", "is_homogeneous", "topology", "mpi_threads_supported", "allreduce_async",
     "grouped_allreduce_async", "allgather_async", "grouped_allgather_async", "broadcast_async",
-    "alltoall_async", "reducescatter_async", "grouped_reducescatter_async", "barrier", "join",
-    "broadcast_object", "allgather_object", "start_timeline", "stop_timeline", "ReduceOp", "Handle", "HorovodInternalError", "TensorMismatchError",
+    "alltoall_async", "reducescatter_async", "grouped_reducescatter_async", "barrier", "barrier_async", "join",
+    "join_async", "broadcast_object", "allgather_object", "start_timeline", "stop_timeline", "ReduceOp", "Handle",
+    "HorovodInternalError", "TensorMismatchError",
     "HostsUpdatedInterrupt", "Settings", "ProcessSet", "global_process_set", "add_process_set",
     "remove_process_set",
 ]
@@ -54,9 +55,9 @@ _unnamed_object_calls = {}  # per (kind, process set), since this engine started
 def init(comm=None, process_sets=None):
     """Start the engine on `comm` (an mpi4py communicator; MPI.COMM_WORLD by default).
     `process_sets`: ProcessSets (or lists of ranks) to register on every rank, or "dynamic" to
-    allow add_process_set() later (as HOROVOD_DYNAMIC_PROCESS_SETS=1 does). As in Horovod, a set
-    given twice, or one of all ranks, is registered once. Calling it again while initialized does
-    nothing."""
+    allow add_process_set() later (as HOROVOD_DYNAMIC_PROCESS_SETS=1 does). As in Horovod, a set of
+    all ranks is the global set, and a set given twice is refused. Calling it again while
+    initialized does nothing."""
     global _engine, _atexit_registered
     dynamic = process_sets == "dynamic"
     if process_sets is None or dynamic:
@@ -273,15 +274,25 @@ def grouped_reducescatter_async(arrays, name=None, op=ReduceOp.AVERAGE, prescale
                                                     stream=stream, allocate=allocate)
 
 
+def barrier_async(process_set=None) -> Handle:
+    """Finishes once every rank (of the process set) has reached the barrier."""
+    return running_engine(process_set).submit(Kind.BARRIER)
+
+
 def barrier(process_set=None):
     """Return once every rank (of the process set) has called barrier()."""
-    running_engine(process_set).submit(Kind.BARRIER).wait()
+    barrier_async(process_set).wait()
+
+
+def join_async() -> Handle:
+    """Declare that this rank has no more data. Until every rank has joined, the others'
+    allreduces go on with this rank contributing zeros. The handle gives the last rank to join."""
+    return running_engine().submit(Kind.JOIN, name="join")
 
 
 def join():
-    """Declare that this rank has no more data. Until every rank has joined, the others'
-    allreduces go on with this rank contributing zeros. Returns the last rank to join."""
-    return running_engine().submit(Kind.JOIN, name="join").wait()
+    """join_async(), waited for: the last rank to join."""
+    return join_async().wait()
 
 
 def synchronize(handle):

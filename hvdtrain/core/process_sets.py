@@ -100,7 +100,7 @@ def agree_at_init(comm, process_sets):
     timeline). Every rank takes part, even with no sets of its own: a rank outside every
     communicator still registers the sets other ranks made from theirs."""
     requests = [_request(s, comm) for s in process_sets]
-    return requests, _agree(comm.allgather(requests), 1, comm.Get_size(), repeats_allowed=True)
+    return requests, _agree(comm.allgather(requests), 1, comm.Get_size(), at_init=True)
 
 
 def start(comm, settings, world_engine, process_sets, agreement, dynamic):
@@ -237,16 +237,8 @@ def _register(process_sets, requests, agreed):
         process_set.ranks, process_set.process_set_id = list(ranks), set_id
     ids = {tuple(s.ranks): set_id for set_id, s in registry.sets.items()}
     ids[tuple(range(world.size))] = 0
-    for process_set, (_, ranks) in zip(process_sets, requests):  # the repeats of a registered set
+    for process_set, (_, ranks) in zip(process_sets, requests):  # sets of all ranks among them: the global set
         process_set.ranks, process_set.process_set_id = list(ranks), ids[tuple(ranks)]
-
-
-def _first_of_each(requests, all_ranks):
-    kept = []
-    for kind, ranks in requests:
-        if ranks != all_ranks and all(ranks != seen for _, seen in kept):
-            kept.append((kind, ranks))
-    return kept
 
 
 def _request(process_set, init_comm, dynamic=False):
@@ -272,22 +264,24 @@ def _request(process_set, init_comm, dynamic=False):
     return "comm", sorted(ranks)
 
 
-def _agree(asked, first_id, size, repeats_allowed=False):
+def _agree(asked, first_id, size, at_init=False):
     """The sets to register, in id order, from what each rank asked for (`asked[rank]`), or a
     ValueError naming the ranks at fault: the same on every rank, since all see `asked`.
-    `repeats_allowed` (init): as in Horovod, a set given again, or one of all ranks, is not
-    registered again; its objects get the id of the set registered with those ranks."""
+    `at_init`: as in Horovod, a set of all ranks (in any order, or a communicator of all) is the
+    global set, not registered again. A set given twice is refused, naming both entries."""
     errors = [f"rank {r}: {detail}" for r, requests in enumerate(asked) for kind, detail in requests
               if kind == "error"]
     if errors:
         raise ValueError(f"cannot register process sets ({'; '.join(errors)})")
-    if repeats_allowed:
-        asked = [_first_of_each(requests, list(range(size))) for requests in asked]
+    everyone = list(range(size))
     for r, requests in enumerate(asked):
         asked_ranks = [ranks for _, ranks in requests]
-        repeated = next((ranks for i, ranks in enumerate(asked_ranks) if ranks in asked_ranks[:i]), None)
-        if repeated is not None:
-            raise ValueError(f"rank {r} passed the process set of ranks {repeated} twice")
+        for later, ranks in enumerate(asked_ranks):
+            if ranks in asked_ranks[:later] and not (at_init and ranks == everyone):
+                raise ValueError(f"rank {r} passed the process set of ranks {ranks} twice (entries "
+                                 f"{asked_ranks.index(ranks)} and {later})")
+    if at_init:
+        asked = [[(kind, ranks) for kind, ranks in requests if ranks != everyone] for requests in asked]
     from_lists = [[ranks for kind, ranks in requests if kind == "ranks"] for requests in asked]
     for position in range(max(map(len, from_lists))):
         by_rank = [lists[position] if position < len(lists) else None for lists in from_lists]

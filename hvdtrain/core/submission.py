@@ -160,9 +160,7 @@ class Submissions:
         if op.__class__ is not ReduceOp:
             op = ReduceOp(op)
         if kind in REDUCING_KINDS:
-            if op == ReduceOp.ADASUM:
-                if kind == Kind.REDUCESCATTER:
-                    raise ValueError(f"{label}: unsupported op {op!r}")
+            if op == ReduceOp.ADASUM:  # a RuntimeError, which Horovod's callers catch for every Adasum refusal
                 raise NotImplementedError(f"{label}: op Adasum is not supported by hvdtrain")
             if dtype not in REDUCIBLE_DTYPES:
                 raise TypeError(

@@ -10,11 +10,11 @@ its saved config (resume.py). `hvdtrain ls` and `hvdtrain cp` list the recipes a
 (recipes.py).
 """
 
-import json
 import os
 import shlex
 import signal
 import sys
+import time
 from pathlib import Path
 
 import hydra
@@ -24,12 +24,17 @@ from hydra.core.hydra_config import HydraConfig
 from hvdtrain.core.exits import EXIT_CONFIG
 from hvdtrain.launch import compose, mpirun, recipes, resume, slurm, supervisor
 from hvdtrain.launch.compose import CONF_DIR
+from hvdtrain.reporting.report import record_command_time
 from hvdtrain.run import devices, hosts
 from hvdtrain.run.config import ConfigError, validate
 from hvdtrain.run.job import PROGRESS_BAR_VARIABLE, inside_existing_job, launcher_rank, progress_bar_wanted
-from hvdtrain.run.plan import make_plan
+from hvdtrain.run.plan import make_plan, printed
 from hvdtrain.run.preemption import clear_notice
 from hvdtrain.run.run_dir import claim_run_dir
+
+# What the user waits for a run (results.json's command_time_s) counts from the command's start,
+# or for a sweep's later jobs from the end of the job before.
+_waiting_since = time.time()
 
 
 def main():
@@ -45,6 +50,9 @@ def _hydra_main():
     errors, like ours, end in one line and exit status 2 (see compose.py)."""
     try:
         with compose.reported_as_config_errors():
+            problem = mpirun.environment_problem(os.environ)
+            if problem:
+                raise ConfigError(problem)
             args = hydra_args_parser().parse_args()
             compose.refuse_unknown_keys(args.overrides, config_dir=args.config_dir)
             compose.register_layouts(args.overrides, config_dir=args.config_dir)
@@ -94,7 +102,7 @@ def run(cfg, run_dir):
             print(slurm.batch_script(cfg, run_dir, _resume_command(run_dir)), end="")
         else:
             plan = _launch_plan(cfg, run_dir)[0]
-            print(json.dumps({**plan.as_json(), **prediction.predict(cfg, plan.device)}))
+            print(printed({**plan.as_json(), **prediction.predict(cfg, plan.device)}))
         _remove_if_empty(run_dir)
         return
     if cfg.launcher == "slurm":
@@ -114,6 +122,11 @@ def run(cfg, run_dir):
         sys.exit(130)
     if status:
         sys.exit(status)
+    global _waiting_since
+    waited, _waiting_since = time.time() - _waiting_since, time.time()
+    record_command_time(run_dir, waited)
+    print(f"hvdtrain: this run took {waited:.1f} s from the command (set-up, restarts and the report included)",
+          flush=True)
 
 
 def _checked_config(cfg, run_dir):

@@ -43,8 +43,15 @@ def register_configs():
     so that it can set any key and choose the other groups (`override /model: resnet50`)."""
     ConfigStore.instance().store(name="run_schema", node=RunConfig)
     # hydra.run.dir: a resumed run continues in its own directory, a new one gets a fresh one.
-    OmegaConf.register_new_resolver(
-        "run_dir", lambda resume, parent, time: resume or f"{parent}/{slurm.job_run_name() or time}", replace=True)
+    OmegaConf.register_new_resolver("run_dir", _run_dir, replace=True)
+
+
+def _run_dir(resume, parent, time):
+    """hydra.run.dir: the run resumed, else a new one under `parent`. Hydra makes the directory
+    before the job starts, so a resumed one that does not exist is refused here."""
+    if resume and not Path(resume).is_dir():
+        raise ConfigError(f"resume={resume}: no such directory")
+    return resume or f"{parent}/{slurm.job_run_name() or time}"
 
 
 def register_layouts(overrides, config_dir=None):
@@ -104,6 +111,12 @@ def unknown_key_problem(key):
     nearest = difflib.get_close_matches(".".join(parts[known_depth:]), below, n=1)
     if nearest:
         return f"{key}: unknown key; did you mean {prefix}{nearest[0]}?"
+    # A name that lives in another section (train.lr for optimizer.base_lr): keys anywhere whose
+    # last part has the unknown one's last part as a word.
+    word = parts[-1]
+    elsewhere = [known for known in SCHEMA_KEYS if word in known.rpartition(".")[2].split("_")]
+    if elsewhere:
+        return f"{key}: unknown key; did you mean {' or '.join(elsewhere[:3])}?"
     children = [name for name in below if "." not in name]
     return f"{key}: unknown key; the keys {'of ' + section if section else 'at the top level'}: {', '.join(children)}"
 
@@ -158,11 +171,20 @@ def reported_as_config_errors():
     except ConfigError:
         raise
     except Exception as error:
+        ours = _config_error_under(error)  # one of our resolvers' refusals, which Hydra wraps
+        if ours is not None:
+            raise ours from None
         if isinstance(error, (HydraException, OmegaConfBaseException)) or not _job_started:
             raise invalid(problem(error)) from None
         raise
     finally:
         os.environ.pop(FULL_ERROR_VARIABLE, None)
+
+
+def _config_error_under(error):
+    while error is not None and not isinstance(error, ConfigError):
+        error = error.__cause__ or error.__context__
+    return error
 
 
 def refuse_unknown_keys(overrides, config_dir=None):

@@ -7,14 +7,18 @@ sharing a machine do not oversubscribe it with threads.
 
 import contextlib
 import os
+import shlex
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from typing import List, Optional, Sequence
 
-from hvdtrain.run.hosts import Host, threads_per_rank
+from hvdtrain.run.hosts import Host, on_this_machine, threads_per_rank
+
+PROBE_TIMEOUT_S = 15.0  # for a host to answer the remote agent
 
 # Variables every rank needs to see; mpirun forwards them with -x.
 FORWARDED_PREFIXES = ("HOROVOD_", "HVDTRAIN_", "PYTHON", "OMPI_MCA_", "TF_", "CUDA_", "NCCL_")
@@ -54,6 +58,51 @@ def worker_environment(ranks_on_host, base=None):
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
     return env
+
+
+def remote_agent(mpirun_args, env):
+    """The command mpirun reaches other hosts with: Open MPI's plm_ssh_agent (or its older name
+    plm_rsh_agent) from the arguments given to mpirun or the environment, else ssh."""
+    args = list(mpirun_args)
+    for option, name, value in zip(args, args[1:], args[2:]):
+        if option in ("--mca", "-mca") and name in ("plm_ssh_agent", "plm_rsh_agent"):
+            return shlex.split(value)
+    for name in ("OMPI_MCA_plm_ssh_agent", "OMPI_MCA_plm_rsh_agent"):
+        if env.get(name):
+            return shlex.split(env[name])
+    return ["ssh", "-o", "BatchMode=yes"]
+
+
+def reachable_hosts(hosts, mpirun_args, env):
+    """The hosts that answer the remote agent mpirun uses (each given PROBE_TIMEOUT_S); this
+    machine always does. Asked before a launch: mpirun itself reports a host that does not
+    answer after its own timeout, in a banner that names no cause."""
+    agent = remote_agent(mpirun_args, env)
+
+    def answers(host):
+        if on_this_machine(host.host):
+            return True
+        try:
+            return subprocess.run([*agent, host.host, "true"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL, timeout=PROBE_TIMEOUT_S).returncode == 0
+        except subprocess.TimeoutExpired:
+            return False
+
+    with ThreadPoolExecutor(max_workers=min(32, len(hosts))) as pool:
+        return [host for host, ok in zip(hosts, pool.map(answers, hosts)) if ok]
+
+
+def environment_problem(env):
+    """Why the ranks would refuse the HOROVOD_* and HVDTRAIN_* variables of `env` (each rank reads
+    them in hvd.init()), in one line; None if they would not. Launchers ask before starting any
+    rank: a rank that cannot start fails the same way every time."""
+    from hvdtrain.core.settings import from_environment
+
+    try:
+        from_environment(env)
+    except ValueError as error:
+        return str(error)
+    return None
 
 
 def mpirun_command(program: Sequence[str], hosts: Optional[List[Host]] = None, num_proc: Optional[int] = None,

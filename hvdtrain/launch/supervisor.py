@@ -28,12 +28,9 @@ from, the steps lost), from where results.json and the report take them.
 import copy
 import json
 import os
-import shlex
 import signal
-import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import List
@@ -44,14 +41,12 @@ from hvdtrain.core.exits import EXIT_COMMUNICATION, EXIT_PREEMPTED, NOT_RESTARTE
 from hvdtrain.launch import mpirun
 from hvdtrain.run import preemption
 from hvdtrain.run.config import ConfigError
-from hvdtrain.run.hosts import on_this_machine
 from hvdtrain.run.job import SUPERVISED
 from hvdtrain.run.run_dir import HEARTBEAT, clear_heartbeat, last_beat, update_saved_config
 from hvdtrain.training import checkpoint
 
 LAUNCH_AGENT = "PRTE_MCA_prte_launch_agent"  # what mpirun starts its daemons with; PRRTE splits it at spaces
 POLL_S = 0.5
-PROBE_TIMEOUT_S = 15.0
 # The least time rank 0 gets outside training steps: from the launch to its first beat, and while
 # it starts, evaluates, writes the results or exits (a report's plots on a loaded machine took 8 s)
 OUTSIDE_STEPS_S = 60.0
@@ -131,7 +126,7 @@ def supervise(cfg, run_dir, plan, env, relaunch):
                   f"so it stops here. {resume_hint}", file=sys.stderr, flush=True)
             return status
         hosts_before = plan.hosts
-        answering = reachable_hosts(hosts_before, cfg.cluster, env)
+        answering = mpirun.reachable_hosts(hosts_before, cfg.cluster.mpirun_args, env)
         if len(answering) < len(hosts_before):
             try:
                 cfg, change = resized(cfg, hosts_before, answering)
@@ -147,37 +142,9 @@ def supervise(cfg, run_dir, plan, env, relaunch):
         print(f"hvdtrain: {reason}; restart {restarts} of {fault.max_restarts} in {wait:g} s from step "
               f"{restart.step} ({restart.steps_lost} steps lost)", file=sys.stderr, flush=True)
         time.sleep(wait)
-
-
-def reachable_hosts(hosts, cluster, env):
-    """The hosts that answer the remote agent mpirun uses (each given PROBE_TIMEOUT_S); this
-    machine always does."""
-    agent = remote_agent(cluster, env)
-
-    def answers(host):
-        if on_this_machine(host.host):
-            return True
-        try:
-            return subprocess.run([*agent, host.host, "true"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL, timeout=PROBE_TIMEOUT_S).returncode == 0
-        except subprocess.TimeoutExpired:
-            return False
-
-    with ThreadPoolExecutor(max_workers=min(32, len(hosts))) as pool:
-        return [host for host, ok in zip(hosts, pool.map(answers, hosts)) if ok]
-
-
-def remote_agent(cluster, env):
-    """The command mpirun reaches other hosts with: Open MPI's plm_ssh_agent (or its older name
-    plm_rsh_agent) from cluster.mpirun_args or the environment, else ssh."""
-    args = list(cluster.mpirun_args)
-    for option, name, value in zip(args, args[1:], args[2:]):
-        if option in ("--mca", "-mca") and name in ("plm_ssh_agent", "plm_rsh_agent"):
-            return shlex.split(value)
-    for name in ("OMPI_MCA_plm_ssh_agent", "OMPI_MCA_plm_rsh_agent"):
-        if env.get(name):
-            return shlex.split(env[name])
-    return ["ssh", "-o", "BatchMode=yes"]
+        # Rank 0 prints the plan again as the job starts: say why, just before it.
+        print(f"hvdtrain: restart {restarts} of {fault.max_restarts}: the job starts again from step {restart.step}",
+              flush=True)
 
 
 def resized(cfg, hosts_before, hosts_after):

@@ -11,7 +11,11 @@ The throughput figures of results.json, the same for every framework, and how th
   backward, the gradients' allreduce, the update);
 - train_samples_per_s = samples_trained / train_time_s, the step throughput; `samples_per_s` is
   the same figure under its older name;
-- wall_samples_per_s = samples_trained / wall_time_s.
+- wall_samples_per_s = samples_trained / wall_time_s;
+- command_time_s, added by the `hvdtrain` command once its job has ended: what the user waited,
+  from the command's start to the job's end (composing the config, starting the ranks, restarts
+  and their waits, the report included); a resumed run's counts the resuming command only, a
+  sweep's later job from the end of the job before.
 """
 
 import json
@@ -56,13 +60,21 @@ def write_results(run_dir, cfg, plan, epochs_completed, metrics, samples_trained
     return results
 
 
+def record_command_time(run_dir, seconds):
+    """Add command_time_s to the run's results.json (none where the job wrote none)."""
+    path = Path(run_dir) / "results.json"
+    if path.is_file():
+        results = {**json.loads(path.read_text()), "command_time_s": seconds}
+        write_atomically(path, (json.dumps(results, indent=2) + "\n").encode())
+
+
 def _per_second(samples, seconds):
     return samples / seconds if seconds else 0.0
 
 
 def throughput(results):
     """The two figures as the summary and the report print them, each beside what it divides."""
-    return (f"{results['samples_trained']} samples in {results['wall_time_s']:.1f} s of wall time "
+    return (f"{results['samples_trained']} samples in {results['wall_time_s']:.1f} s of the ranks' wall time "
             f"({results['wall_samples_per_s']:.1f} samples/s), {results['train_time_s']:.1f} s of it in training "
             f"steps ({results['train_samples_per_s']:.1f} samples/s)")
 
@@ -113,13 +125,14 @@ def _plot_history(history, target, run_dir):
 
     train = [r for r in history if r["event"] == "train"]
     evals = [r for r in history if r["event"] == "eval"]
-    curves = {
-        "loss": [("train loss", train, "loss"), ("validation loss", evals, "val_loss")],
-        "accuracy": [("validation top-1 %", evals, "val_top1"), ("validation top-5 %", evals, "val_top5")],
-        "lr": [("learning rate", train, "lr")],
+    curves = {  # plot: (its y axis, its curves)
+        "loss": ("cross-entropy loss", [("train loss", train, "loss"), ("validation loss", evals, "val_loss")]),
+        "accuracy": ("accuracy (%)", [("validation top-1 %", evals, "val_top1"), ("validation top-5 %", evals,
+                                                                                  "val_top5")]),
+        "lr": ("learning rate", [("learning rate", train, "lr")]),
     }
     written = []
-    for name, series in curves.items():
+    for name, (y_label, series) in curves.items():
         series = [(label, [r for r in records if key in r], key) for label, records, key in series]
         if not any(records for _, records, _ in series):
             continue
@@ -133,7 +146,8 @@ def _plot_history(history, target, run_dir):
                 axes.axvline(restart["step"], color="grey", linestyle=":", label=None if number else "restarted")
         if name == "accuracy" and target is not None:
             axes.axhline(target.value, color="red", linestyle="--", label=f"target {target.metric} {target.value:g}")
-        axes.set_xlabel("step")
+        axes.set_xlabel("optimizer step")
+        axes.set_ylabel(y_label)
         axes.set_title(name)
         axes.legend()
         axes.grid(alpha=0.3)

@@ -4,6 +4,7 @@ linearly scaled LR (Goyal et al. 2017), warmup, steps per epoch and the device (
 functions once its data is loaded.
 """
 
+import json
 from dataclasses import asdict, dataclass, field
 from typing import List, Optional
 
@@ -125,3 +126,21 @@ def summary(plan, cfg, run_dir):
         f"  run dir      {run_dir}",
     ]
     return "\n".join(lines)
+
+
+def printed(plan_json):
+    """A plan as a dry run prints it: indented JSON, which a 128-host plan needs to be readable."""
+    return json.dumps(plan_json, indent=2)
+
+
+def read_plans(text):
+    """The plans that dry runs printed into `text` (one, or one per job of a sweep), whatever
+    other lines surround them."""
+    lines, plans, start = text.splitlines(), [], None
+    for number, line in enumerate(lines):
+        if line == "{":
+            start = number
+        elif line == "}" and start is not None:
+            plans.append(json.loads("\n".join(lines[start:number + 1])))
+            start = None
+    return plans

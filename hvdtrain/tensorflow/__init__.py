@@ -1,6 +1,7 @@
 """Drop-in replacement for horovod.tensorflow (0.28) on TensorFlow 2: `import hvdtrain.tensorflow as hvd`.
 
-Eager mode and tf.function are both supported; TF1 graphs run by a Session are refused. `hvd.SyncBatchNormalization`
+Eager mode, tf.function and TF1 graphs run by a tf.compat.v1.Session (MonitoredTrainingSession,
+tf.compat.v1.train optimizers, BroadcastGlobalVariablesHook) are supported. `hvd.SyncBatchNormalization`
 and `hvdtrain.tensorflow.keras` (also `hvdtrain.keras`) import Keras on first use.
 """
 
@@ -38,6 +39,7 @@ from .gradients import (  # noqa: F401 (re-exported)
     DistributedOptimizer,
     PartialDistributedGradientTape,
 )
+from .session_training import BroadcastGlobalVariablesHook  # noqa: F401 (re-exported)
 
 def __getattr__(name):
     # Keras costs seconds to import; only SyncBatchNormalization needs it.

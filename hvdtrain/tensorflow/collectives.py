@@ -1,21 +1,25 @@
-"""Horovod's collectives on TensorFlow tensors, eagerly and inside tf.function.
+"""Horovod's collectives on TensorFlow tensors: eagerly, inside tf.function, and in TF1 graphs
+run by a tf.compat.v1.Session.
 
 Every collective hands NumPy arrays to the core (hvdtrain.core) and turns its results back
 into tensors without copying on the CPU:
 - eagerly, `np.asarray` views a tensor's memory and DLPack wraps the result arrays;
-- inside a graph, the same NumPy function runs as a `tf.numpy_function` op, which TensorFlow
-  feeds with views of its tensors and whose returned arrays it adopts.
-Each collective blocks one of TensorFlow's threads until its peers arrive, so every rank must
-run a graph's collectives in the same order: TensorFlow runs independent ops in any order, and
-ranks that picked different ones would each wait for a collective the others have not started.
-Each collective op therefore depends on the one built before it in the same graph (the order
-of the Python code, the same on every rank). tf.function orders its own stateful ops so, but
-not the backward function of a tf.function differentiated outside it. A TF1 graph run by a
-Session is refused: one run may fetch any subset of its collectives, so no fixed order fits.
+- inside a tf.function, the same NumPy function runs as a `tf.numpy_function` op, which
+  TensorFlow feeds with views of its tensors and whose returned arrays it adopts;
+- in a TF1 graph, as the ops of session_graphs.py, which hold no thread while they wait.
+Inside a tf.function each collective blocks one of TensorFlow's threads until its peers arrive,
+so every rank must run the function's collectives in the same order: TensorFlow runs
+independent ops in any order, and ranks that picked different ones would each wait for a
+collective the others have not started. Each collective op therefore depends on the one built
+before it in the same function (the order of the Python code, the same on every rank).
+tf.function orders its own stateful ops so, but not the backward function of a tf.function
+differentiated outside it. A session may fetch any subset of a graph's collectives, so no fixed
+order fits there: hence session_graphs.py.
 
 Errors are Horovod's TensorFlow errors: ranks that disagree about a collective get
-tf.errors.FailedPreconditionError eagerly (inside a graph TensorFlow turns any error of a
-Python op into UnknownError, whose message names it), bad arguments InvalidArgumentError.
+tf.errors.FailedPreconditionError eagerly (inside a graph, a tf.function's or a session's,
+TensorFlow turns any error of a Python op into UnknownError, whose message names it), bad
+arguments InvalidArgumentError.
 
 Names are deterministic on every rank: the caller's `name`; inside a graph, Horovod's name
 built from the input tensor's name; eagerly, the core numbers unnamed collectives in call
@@ -38,6 +42,7 @@ from hvdtrain.core import global_process_set
 from hvdtrain.core.process_sets import process_set_by_id
 from hvdtrain.core.horovod_api import Adasum, Average, Sum, handle_average_backwards_compatibility
 
+from . import session_graphs
 from .compression import Compression
 
 
@@ -45,26 +50,25 @@ from .compression import Compression
 # ----------------------------------------------------------------------------- tensors <-> core
 
 
-def _run_on_core(run, tensors, dtypes, kind):
-    """Call `run(arrays) -> arrays` on the tensors' memory and return its results as tensors."""
+def _run_on_core(start, tensors, dtypes, kind):
+    """The results, as tensors, of `start(arrays)`, which hands the tensors' memory to the core
+    and returns a function that waits for the collective and gives its result arrays."""
     if tf.executing_eagerly():
-        results = [_tensor(result) for result in _with_horovod_errors(run)([np.asarray(t) for t in tensors])]
+        arrays = [np.asarray(t) for t in tensors]
+        results = [_tensor(result) for result in _with_horovod_errors(lambda: start(arrays)())()]
         device = tensors[0].device if tensors else ""
         if "GPU" not in device.upper():
             return results
         with tf.device(device):  # where the caller's tensor was, as Horovod's GPU ops return it
             return [tf.identity(result) for result in results]
-    if not tf.inside_function():
-        raise NotImplementedError(
-            f"hvdtrain.tensorflow: {kind} in a TF1 graph run by tf.compat.v1.Session is not supported (a session "
-            "run may fetch any subset of the graph's collectives, so ranks could wait on each other forever): "
-            "run the step eagerly or inside tf.function")
+    if session_graphs.in_session_graph():
+        return session_graphs.run_on_core(start, tensors, dtypes, kind)
     graph = tf.compat.v1.get_default_graph()
     previous = _last_collective_op.get(graph)
     with tf.control_dependencies([] if previous is None else [previous]):
         # Inside a graph, TensorFlow hands 0-d inputs over as NumPy scalars; a ValueError or
         # TypeError raised there reaches the caller as InvalidArgumentError.
-        results = tf.numpy_function(lambda *arrays: run([np.asarray(a) for a in arrays]), list(tensors),
+        results = tf.numpy_function(lambda *arrays: start([np.asarray(a) for a in arrays])(), list(tensors),
                                     list(dtypes), stateful=True, name=f"Horovod{kind}")
     if not dtypes:
         _last_collective_op[graph] = results  # an op without outputs
@@ -81,9 +85,9 @@ _last_collective_op = weakref.WeakKeyDictionary()
 def _with_horovod_errors(run):
     """`run` raising the errors Horovod's TensorFlow ops raise (eagerly; see the module's doc)."""
 
-    def translated(arrays):
+    def translated():
         try:
-            return run(arrays)
+            return run()
         except core.TensorMismatchError as error:
             raise tf.errors.FailedPreconditionError(None, None, str(error)) from error
         except (ValueError, TypeError) as error:
@@ -140,8 +144,9 @@ def _member_names(name, count):
     return [_suffixed(name, f"_{i}") for i in range(count)]
 
 
-def _wait_all(handles):
-    return [handle.wait() for handle in handles]
+def _waiting(handles):
+    """A function that waits for the handles and gives their results."""
+    return lambda: [handle.wait() for handle in handles]
 
 
 def _with_static_shapes(results, shapes):
@@ -164,14 +169,14 @@ def _reduce(tensors, name, op, prescale, postscale, process_set):
 
     @tf.custom_gradient
     def reduce(*inputs):
-        def run(arrays):
+        def start(arrays):
             outputs = [_aligned_empty_like(a) for a in arrays]
             options = dict(op=op, prescale_factor=prescale, postscale_factor=postscale, process_set=process_set)
             if len(arrays) == 1:
-                return [core.allreduce_async(arrays[0], name=name, output=outputs[0], **options).wait()]
-            return _wait_all(core.grouped_allreduce_async(arrays, name=name, outputs=outputs, **options))
+                return _waiting([core.allreduce_async(arrays[0], name=name, output=outputs[0], **options)])
+            return _waiting(core.grouped_allreduce_async(arrays, name=name, outputs=outputs, **options))
 
-        results = _run_on_core(run, inputs, [t.dtype for t in inputs], "Allreduce")
+        results = _run_on_core(start, inputs, [t.dtype for t in inputs], "Allreduce")
         _with_static_shapes(results, [t.shape for t in inputs])
 
         def grad(*upstream):
@@ -192,10 +197,10 @@ def _gather(tensors, name, process_set):
     def gather(*inputs):
         names = _member_names(name, len(inputs))
 
-        def run(arrays):
-            return _wait_all([core.allgather_async(a, name=n, process_set=process_set) for a, n in zip(arrays, names)])
+        def start(arrays):
+            return _waiting([core.allgather_async(a, name=n, process_set=process_set) for a, n in zip(arrays, names)])
 
-        results = _run_on_core(run, inputs, [t.dtype for t in inputs], "Allgather")
+        results = _run_on_core(start, inputs, [t.dtype for t in inputs], "Allgather")
         _with_static_shapes(results, [_ragged_shape(t) for t in inputs])
 
         def grad(*upstream):
@@ -220,12 +225,12 @@ def _broadcast(tensors, root_rank, name, process_set):
     def broadcast(*inputs):
         names = _member_names(name, len(inputs))
 
-        def run(arrays):
+        def start(arrays):
             outputs = [_aligned_empty_like(a) for a in arrays]
-            return _wait_all([core.broadcast_async(a, root_rank, name=n, output=o, process_set=process_set)
-                              for a, n, o in zip(arrays, names, outputs)])
+            return _waiting([core.broadcast_async(a, root_rank, name=n, output=o, process_set=process_set)
+                             for a, n, o in zip(arrays, names, outputs)])
 
-        results = _run_on_core(run, inputs, [t.dtype for t in inputs], "Broadcast")
+        results = _run_on_core(start, inputs, [t.dtype for t in inputs], "Broadcast")
         _with_static_shapes(results, [t.shape for t in inputs])
 
         def grad(*upstream):
@@ -249,13 +254,18 @@ def _alltoall(tensor, splits, name, process_set):
 
     @tf.custom_gradient
     def exchange(rows, row_splits):
-        def run(arrays):
+        def start(arrays):
             array, split_array = arrays
-            received, received_splits = core.alltoall_async(
-                array, splits=split_array if split_array.size else None, name=name, process_set=process_set).wait()
-            return [received, received_splits.astype(np.int32)]
+            handle = core.alltoall_async(array, splits=split_array if split_array.size else None, name=name,
+                                         process_set=process_set)
 
-        received, received_splits = _run_on_core(run, [rows, row_splits], [rows.dtype, tf.int32], "Alltoall")
+            def wait():
+                received, received_splits = handle.wait()
+                return [received, received_splits.astype(np.int32)]
+
+            return wait
+
+        received, received_splits = _run_on_core(start, [rows, row_splits], [rows.dtype, tf.int32], "Alltoall")
         _with_static_shapes([received, received_splits], [_ragged_shape(rows), [process_set.size()]])
 
         def grad(upstream_rows, upstream_splits):
@@ -276,12 +286,12 @@ def _reducescatter(tensors, name, op, prescale, postscale, process_set):
     def scatter(*inputs):
         names = _member_names(name, len(inputs))
 
-        def run(arrays):
-            return _wait_all([core.reducescatter_async(a, name=n, op=op, prescale_factor=prescale,
-                                                       postscale_factor=postscale, process_set=process_set)
-                              for a, n in zip(arrays, names)])
+        def start(arrays):
+            return _waiting([core.reducescatter_async(a, name=n, op=op, prescale_factor=prescale,
+                                                      postscale_factor=postscale, process_set=process_set)
+                             for a, n in zip(arrays, names)])
 
-        results = _run_on_core(run, inputs, [t.dtype for t in inputs], "Reducescatter")
+        results = _run_on_core(start, inputs, [t.dtype for t in inputs], "Reducescatter")
         _with_static_shapes(results, [_ragged_shape(t) for t in inputs])
 
         def grad(*upstream):
@@ -382,15 +392,19 @@ def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
         return []
     values = [tf.convert_to_tensor(v) for v in variables]
     received = _broadcast(values, root_rank, _collective_name("Broadcast", values, name, True), process_set)
-    for variable, value in zip(variables, received):
-        variable.assign(value)
-    return received
+    assigned = [variable.assign(value) for variable, value in zip(variables, received)]
+    # In a TF1 graph nothing happens until a session runs the assignments, which give the values.
+    return assigned if session_graphs.in_session_graph() else received
 
 
 def broadcast_variables(variables, root_rank, process_set=global_process_set, inplace=False):
-    """Assign root_rank's values to `variables` on every rank. `inplace` is accepted for
-    Horovod's signature: the values are always assigned into the variables."""
-    broadcast_(variables, root_rank, process_set=process_set)
+    """Assign root_rank's values to `variables` on every rank; in a TF1 graph, the op that does
+    so. `inplace` is accepted for Horovod's signature: the values are always assigned into the
+    variables."""
+    assigned = broadcast_(variables, root_rank, process_set=process_set)
+    if session_graphs.in_session_graph():
+        return tf.group(*assigned)
+    return None
 
 
 def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_set=global_process_set):
@@ -428,44 +442,52 @@ def grouped_reducescatter(tensors, device_dense="", compression=Compression.none
 def join():
     """Declare that this rank has run out of data; the others' allreduces go on with zeros
     from it. Returns (as an int32 tensor) the last rank to join, once all have."""
-    last = _run_on_core(lambda arrays: [np.asarray(core.join(), np.int32)], [], [tf.int32], "Join")[0]
+    def start(arrays):
+        handle = core.join_async()
+        return lambda: [np.asarray(handle.wait(), np.int32)]
+
+    last = _run_on_core(start, [], [tf.int32], "Join")[0]
     last.set_shape([])
     return last
 
 
 def barrier(process_set=global_process_set):
-    """Return once every rank (of `process_set`) has reached the barrier."""
-    _run_on_core(lambda arrays: core.barrier(process_set) or [], [], [], "Barrier")
+    """Return once every rank (of `process_set`) has reached the barrier; in a TF1 graph, the op
+    that does so."""
+    def start(arrays):
+        handle = core.barrier_async(process_set)
+        return lambda: handle.wait() or []
+
+    ops = _run_on_core(start, [], [], "Barrier")
+    return ops[0] if ops else None
+
+
+# Objects cross through the core directly, in TF1 as in TF2: Horovod's `session` argument, which
+# ran its TF1 ops, is accepted and not needed.
 
 
 def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=global_process_set):
-    """root_rank's picklable object, on every rank. `session` (TF1) is not supported."""
-    _reject_session(session)
+    """root_rank's picklable object, on every rank."""
     return core.broadcast_object(obj, root_rank, name=name, process_set=process_set)
 
 
 def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=global_process_set):
     """A function that broadcasts its argument as broadcast_object(obj, root_rank) does."""
-    _reject_session(session)
     return lambda obj: broadcast_object(obj, root_rank, name=name, process_set=process_set)
 
 
 def broadcast_global_variables(root_rank):
-    """Horovod's TF1 form: TensorFlow 2 keeps no collection of global variables (Horovod
-    refuses it under eager execution too)."""
-    raise RuntimeError("broadcast_global_variables() needs TF1's global variables, which TensorFlow 2 does not "
-                       "keep: use hvd.broadcast_variables(model.variables + optimizer.variables, root_rank)")
+    """The op that assigns root_rank's values to every global variable of a TF1 graph (tf.compat.v1's
+    collection, which eager TensorFlow does not keep)."""
+    if not session_graphs.in_session_graph():
+        raise RuntimeError("hvd.broadcast_global_variables() does not support eager execution. Please use "
+                           "`hvd.broadcast_variables(<model/optimizer variables>)` instead.")
+    return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
 
 
 def allgather_object(obj, session=None, name=None, process_set=global_process_set):
-    """The list of every rank's picklable object, in rank order. `session` (TF1) is not supported."""
-    _reject_session(session)
+    """The list of every rank's picklable object, in rank order."""
     return core.allgather_object(obj, name=name, process_set=process_set)
-
-
-def _reject_session(session):
-    if session is not None:
-        raise NotImplementedError("hvdtrain.tensorflow supports TensorFlow 2 only: pass no session")
 
 
 def size_op(process_set_id=0, name=None):

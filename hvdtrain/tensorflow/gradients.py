@@ -8,6 +8,7 @@ from hvdtrain.core import global_process_set
 from .collectives import Average
 from .compression import Compression
 from .reduction import gradient_reduction, local_layer_variables, variable_key
+from .session_training import DistributedOptimizer as SessionDistributedOptimizer
 
 
 class _DistributedGradient:
@@ -73,13 +74,13 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
                          compression=Compression.none, sparse_as_dense=False, backward_passes_per_step=1,
                          op=Average, gradient_predivide_factor=1.0, average_aggregated_gradients=False,
                          num_groups=0, groups=None, process_set=global_process_set):
-    """Horovod's horovod.tensorflow.DistributedOptimizer: Keras optimizers are wrapped by
-    hvdtrain.tensorflow.keras.DistributedOptimizer; TF1 optimizers (tf.compat.v1.train) need sessions,
-    which hvdtrain does not support."""
+    """Horovod's horovod.tensorflow.DistributedOptimizer: a TF1 optimizer (tf.compat.v1.train) is
+    wrapped by session_training.py, a Keras optimizer by hvdtrain.tensorflow.keras's."""
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
-        raise NotImplementedError(
-            f"hvdtrain.tensorflow supports TensorFlow 2 only: {type(optimizer).__name__} is a TF1 optimizer; use a "
-            "Keras optimizer (tf.keras.optimizers) or hvd.DistributedGradientTape")
+        reduction = gradient_reduction(name or f"Distributed{type(optimizer).__name__}", compression,
+                                       sparse_as_dense, op, gradient_predivide_factor, num_groups, groups, process_set)
+        return SessionDistributedOptimizer(optimizer, reduction, backward_passes_per_step,
+                                           average_aggregated_gradients, use_locking)
     from .keras.optimizer import DistributedOptimizer as KerasDistributedOptimizer  # Keras costs seconds to import
 
     return KerasDistributedOptimizer(

@@ -281,7 +281,11 @@ class _DistributedOptimizer:
             self._prescale, self._postscale = 1.0 / gradient_predivide_factor, gradient_predivide_factor
         self._sparse_as_dense = sparse_as_dense
         all_params = [p for group in self.param_groups for p in group["params"]]
-        self._names = _parameter_names(named_parameters, all_params)
+        # Horovod's attribute, which its users read: every parameter's name, the same on every rank.
+        self._parameter_names = _parameter_names(named_parameters, all_params)
+        # Taken on every rank, members of process_set or not, so that the buckets of the
+        # optimizers made after this one are named alike everywhere.
+        optimizer_id = next(_optimizer_ids)
         self._requires_update = [p for p in all_params if p.requires_grad]
         self._delay = {p: backward_passes_per_step for p in self._requires_update}
         groups = _parameter_groups(groups, self._requires_update)
@@ -296,7 +300,7 @@ class _DistributedOptimizer:
         # HOROVOD_ELASTIC=1 says that it is an elastic job, whose world may grow (Horovod's condition).
         if _takes_part(process_set) and (core.running_engine(process_set).size > 1
                                          or os.environ.get("HOROVOD_ELASTIC") == "1"):
-            self._buckets = _GradientBuckets(self._requires_update, f"DistributedOptimizer.{next(_optimizer_ids)}")
+            self._buckets = _GradientBuckets(self._requires_update, f"DistributedOptimizer.{optimizer_id}")
             segment_bytes = core.running_engine(process_set).settings.segment_bytes
             self._segments = [_Segment(members, len(members)) for members in
                               _segment_members(self._requires_update, self._buckets, groups, segment_bytes)]
@@ -404,14 +408,14 @@ class _DistributedOptimizer:
             current.append(p)
         if current:
             runs.append(self._region_run(current))
-        runs.extend(_Run(f"DistributedOptimizer.{self._names[p]}", [p]) for p in members if p not in place)
+        runs.extend(_Run(f"DistributedOptimizer.{self._parameter_names[p]}", [p]) for p in members if p not in place)
         return runs
 
     def _region_run(self, params):
         flat, start, _ = self._buckets.place[params[0]]
         _, last, numel = self._buckets.place[params[-1]]
         region = flat[start:last + numel]
-        names = [self._names[p] for p in (params if len(params) == 1 else (params[0], params[-1]))]
+        names = [self._parameter_names[p] for p in (params if len(params) == 1 else (params[0], params[-1]))]
         return _Run("DistributedOptimizer." + "..".join(names), params, region, mpi_ops._array(region),
                     self._buckets.spec[params[0]])
 
@@ -543,7 +547,9 @@ def _segment_members(params, buckets, groups, segment_bytes):
 
 def _parameter_names(named_parameters, all_params):
     if named_parameters is None:
-        return {p: f"noname.{i}" for i, p in enumerate(all_params)}
+        # Numbered over all groups (Horovod numbers each group from 0, so names repeat), and
+        # without the engine's mark of the names it makes up, whose collectives it never caches.
+        return {p: f"parameter.{i}" for i, p in enumerate(all_params)}
     named_parameters = list(named_parameters)
     if any(not isinstance(item, tuple) for item in named_parameters):
         raise ValueError("named_parameters should be a sequence of tuples (name, parameter), usually produced "

@@ -12,7 +12,7 @@ member tells a damaged file from a good one before any framework looks at it.
 import copy
 import io
 import json
-import warnings
+import sys
 import zipfile
 from pathlib import Path
 
@@ -50,15 +50,17 @@ def read(path, decode):
         return {**metadata, **decode(members.read(STATE))}
 
 
-def load_newest_valid(directory, decode):
+def load_newest_valid(directory, decode, quiet=False):
     """(path, state) of the newest checkpoint that reads and decodes (see `read`), or (None, None)
-    if there is none. One that does not (truncated, corrupt) is skipped with a warning."""
+    if there is none. One that does not (truncated, corrupt) is skipped, said in one line on
+    stderr unless `quiet`."""
     for path in sorted(Path(directory).glob(PATTERN), reverse=True):
         try:
             return path, read(path, decode)
         except Exception as error:  # any failure to read means: not a usable checkpoint
-            warnings.warn(f"skipping checkpoint {path}: it cannot be read ({type(error).__name__}: {error})",
-                          stacklevel=2)
+            if not quiet:
+                print(f"hvdtrain: skipping checkpoint {path}: it cannot be read ({type(error).__name__}: {error})",
+                      file=sys.stderr, flush=True)
     return None, None
 
 
@@ -71,9 +73,7 @@ def newest_metadata(directory):
     """The metadata of the newest valid checkpoint, read without any framework (the framework's
     state is checked by its CRC only), or None. Quiet about damaged ones: the training loop that
     skips them says so."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return load_newest_valid(directory, decode=lambda state: {})[1]
+    return load_newest_valid(directory, decode=lambda state: {}, quiet=True)[1]
 
 
 def metadata(cfg, epoch, step, global_step, world_size, metrics, elapsed_s, train_s):

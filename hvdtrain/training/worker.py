@@ -35,7 +35,7 @@ def main():
     from hvdtrain import core
 
     run_dir = Path(sys.argv[1])
-    core.init()  # the training loop's hvd.init() then finds it started and does nothing
+    _init_or_exit()  # the training loop's hvd.init() then finds it started and does nothing
     try:
         cfg, _ = _from_rank_0(_read_run_config(run_dir) if core.rank() == 0 else None, run_dir)
     except ConfigError as error:
@@ -50,14 +50,28 @@ def train_in_existing_job(decided, own_dir):
     directory `own_dir` of its own making: rank 0's config and run directory are the run's.
     `decided`, on rank 0 only: the config it checked and claimed its run directory for, None
     where there is nothing left to train, or the ConfigError that refused it."""
-    from hvdtrain import core
-
-    core.init()
+    _init_or_exit()
     cfg, run_dir = _from_rank_0(decided, own_dir)
     if own_dir != run_dir and own_dir.is_dir() and not any(own_dir.iterdir()):
         own_dir.rmdir()  # Hydra made one on this rank too, a second later than on rank 0
     if cfg is not None:
         _train_or_exit(cfg, run_dir)
+
+
+def _init_or_exit():
+    """hvd.init(), or this rank's exit: refused variables (HOROVOD_*, HVDTRAIN_*) in one line,
+    as an error no restart mends; another failure with the status that says whether one can."""
+    from hvdtrain import core
+
+    try:
+        core.init()
+    except ValueError as error:
+        print(f"hvdtrain: rank {launcher_rank()}: {error}", file=sys.stderr, flush=True)
+        os._exit(EXIT_CONFIG)
+    except BaseException as error:
+        print(f"hvdtrain: rank {launcher_rank()} could not start: {type(error).__name__}: {error}", file=sys.stderr,
+              flush=True)
+        os._exit(exit_status(error))
 
 
 def _from_rank_0(decided, run_dir):

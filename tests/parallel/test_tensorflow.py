@@ -3,8 +3,11 @@
 and inside tf.function, with Horovod's gradients; IndexedSlices, objects and join; within a
 process set of two of three ranks; independent collectives in one tf.function, and in the backward
 function of a tf.function differentiated outside it, finish (TensorFlow may start independent ops
-in any order; ours run in the order they were built); a TF1 graph is refused when built; ranks
-that disagree get Horovod's TensorFlow errors, after which the job goes on. DistributedGradientTape
+in any order; ours run in the order they were built); in a TF1 graph run by a session on a single
+thread, every collective gives its eager result, and collectives that ranks start in opposite
+orders finish (session_graphs.py); ranks that disagree get Horovod's TensorFlow errors, after
+which the job goes on. A TF1 DistributedOptimizer (session_training.py) trains a graph like the
+whole batch, also over two backward passes a step. DistributedGradientTape
 (gradients.py) reaches the weights of one process with the whole batch, eagerly and in
 tf.function, with a sparse gradient allgathered or made dense, with groups and
 gradient_predivide_factor, and within a process set; a source registered as local keeps each
@@ -12,8 +15,9 @@ rank's own gradient. Three ranks catch ring and splitting bugs that two hide; th
 local-source checks run on two as well.
 
 Scripts written for horovod.tensorflow and horovod.tensorflow.keras run unchanged on two ranks
-except for their import line (tensorflow/scripts/). Like most existing Horovod scripts they use
-Keras 2 idioms, so they run under tf-keras (TF_USE_LEGACY_KERAS=1). Importing hvdtrain.tensorflow
+except for their import line (tensorflow/scripts/), Horovod's TF1 MonitoredTrainingSession example
+among them. Like most existing Horovod scripts they use Keras 2 idioms, so they run under tf-keras
+(TF_USE_LEGACY_KERAS=1). Importing hvdtrain.tensorflow
 imports TensorFlow, not torch, with hvdtrain.keras the same module as hvdtrain.tensorflow.keras,
 and it works as a plain `python` process (a job of size 1). The Keras API is in
 tests/parallel/tensorflow/test_keras.py.
@@ -42,7 +46,8 @@ FLOAT_TOLERANCE = {"float32": 1e-6, "float64": 1e-12, "float16": 2e-3, "bfloat16
 # ----------------------------------------------------------------------------- the drop-in promise
 
 SCRIPTS = Path(__file__).parent / "tensorflow" / "scripts"
-IMPORT_LINES = {"horovod_tf2_digits.py": "import hvdtrain.tensorflow as hvd",
+IMPORT_LINES = {"horovod_tf1_digits.py": "import hvdtrain.tensorflow as hvd",
+                "horovod_tf2_digits.py": "import hvdtrain.tensorflow as hvd",
                 "horovod_keras_digits.py": "import hvdtrain.tensorflow.keras as hvd"}
 
 
@@ -68,6 +73,8 @@ def test_horovod_script_trains_on_two_ranks(script, tmp_path):
     if script == "horovod_keras_digits.py":
         assert "Epoch 3: finished gradual learning rate warmup to 0.002." in result.stdout, result.stdout
         assert sorted(p.name for p in tmp_path.iterdir()) == [f"checkpoint-{e}.h5" for e in range(1, 5)]
+    if script == "horovod_tf1_digits.py":  # rank 0's MonitoredTrainingSession saved the last step
+        assert (tmp_path / "model.ckpt-300.index").exists(), sorted(p.name for p in tmp_path.iterdir())
 
 
 ALONE = """
@@ -471,11 +478,77 @@ def collectives_in_a_process_set_involve_its_members_and_refuse_the_others():
 # ----------------------------------------------------------------------------- graphs
 
 
-def a_tf1_graph_is_refused_when_built():
+def _one_thread_session(tf):
+    """A TF1 session that runs a step's ops on a single thread: a collective that held it while
+    waiting for peers would hang ranks that started different ones first."""
+    return tf.compat.v1.Session(config=tf.compat.v1.ConfigProto(inter_op_parallelism_threads=1,
+                                                                intra_op_parallelism_threads=1))
+
+
+def collectives_in_a_session_graph_give_the_eager_results_on_one_thread():
+    """Every collective built into a TF1 graph and fetched in one run of a single-thread session."""
     tf, hvd = _started()
+    n, r = hvd.size(), hvd.rank()
     with tf.Graph().as_default():
-        with pytest.raises(NotImplementedError, match="TF1 graph run by tf.compat.v1.Session.*inside tf.function"):
-            hvd.allreduce(tf.constant(1.0))
+        x = tf.constant(_values(r, "float32"))
+        variable = tf.compat.v1.get_variable("w", initializer=tf.fill([2], float(r)))
+        fetches = {
+            "sum": hvd.allreduce(x, op=hvd.Sum),
+            "compressed": hvd.allreduce(x, op=hvd.Sum, compression=hvd.Compression.fp16),
+            "grouped": hvd.grouped_allreduce([x, tf.cast(x, tf.int64)], op=hvd.Sum),
+            "gathered": hvd.allgather(tf.fill([r + 1, 2], float(r))),
+            "broadcast": hvd.broadcast(x, root_rank=n - 1),
+            "alltoall": hvd.alltoall(tf.range(r * n, (r + 1) * n), splits=[1] * n),
+            "scattered": hvd.reducescatter(tf.fill([n + 1], float(r + 1)), op=hvd.Sum),
+            "barrier": hvd.barrier(),
+        }
+        assign_root = hvd.broadcast_global_variables(0)
+        last_joined = hvd.join()
+        with _one_thread_session(tf) as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            got = session.run(fetches)
+            session.run(assign_root)
+            assert session.run(variable).tolist() == [0.0, 0.0]
+            assert session.run(last_joined) in range(n)
+            assert hvd.broadcast_object({"from": r}, root_rank=1, session=session) == {"from": 1}
+    total = sum(_values(k, "float32") for k in range(n))
+    np.testing.assert_array_equal(got["sum"], total)
+    assert got["compressed"].dtype == np.float32 and np.array_equal(got["compressed"], total)
+    np.testing.assert_array_equal(got["grouped"][1], total.astype(np.int64))
+    assert got["gathered"][:, 0].tolist() == [float(k) for k in range(n) for _ in range(k + 1)]
+    np.testing.assert_array_equal(got["broadcast"], _values(n - 1, "float32"))
+    assert got["alltoall"][0].tolist() == [k * n + r for k in range(n)] and got["alltoall"][1].tolist() == [1] * n
+    rows = 2 if r == 0 else 1
+    np.testing.assert_array_equal(got["scattered"], np.full(rows, n * (n + 1) / 2))
+    assert got["barrier"] is None
+    hvd.shutdown()
+
+
+def independent_collectives_started_in_opposite_orders_finish_on_one_thread():
+    """The even ranks build (and a single thread starts) the collectives in one order, the odd
+    ranks in the reverse; the same run fetches them all, and again a subset."""
+    tf, hvd = _started()
+    n, r = hvd.size(), hvd.rank()
+    with tf.Graph().as_default():
+        order = range(6) if r % 2 == 0 else reversed(range(6))
+        reduced = {k: hvd.allreduce(tf.constant([float(k + r)]), op=hvd.Sum, name=f"order.{k}") for k in order}
+        with _one_thread_session(tf) as session:
+            for keys in ([0, 1, 2, 3, 4, 5], [4, 1]):
+                got = session.run({k: reduced[k] for k in keys})
+                assert {k: v.tolist() for k, v in got.items()} == {k: [k * n + n * (n - 1) / 2] for k in keys}
+    hvd.shutdown()
+
+
+def mismatched_shapes_in_a_session_fail_on_every_rank_and_the_session_goes_on():
+    tf, hvd = _started()
+    n, r = hvd.size(), hvd.rank()
+    with tf.Graph().as_default():
+        mismatched = hvd.allreduce(tf.zeros([r + 1]), name="mismatched_in_session")
+        fine = hvd.allreduce(tf.constant(1.0), op=hvd.Sum, name="fine_in_session")
+        with _one_thread_session(tf) as session:
+            with pytest.raises(tf.errors.UnknownError, match="Mismatched.*mismatched_in_session.*shape"):
+                session.run(mismatched)
+            assert session.run(fine) == n
     hvd.shutdown()
 
 
@@ -622,6 +695,62 @@ def the_tape_in_a_process_set_averages_over_its_members():
     hvd.shutdown()
 
 
+def _tf1_optimizer_trains_like_the_whole_batch(options, momentum, passes=1):
+    """A TF1 graph trained by minimize() of hvd.DistributedOptimizer(MomentumOptimizer(...),
+    `options`) in a single-thread session, each update from `passes` passes of b rows per rank,
+    against one process with the whole batch; returns the distributed optimizer. (With
+    momentum, a sparse update leaves the velocity of rows without gradient as it is, a dense
+    one decays it: the reference's sparse gradients match only sparse ones.)"""
+    tf, hvd = _started()
+    n, r = hvd.size(), hvd.rank()
+    b, updates, lr = 4, 3, 0.1
+    rows_of_update = n * b * passes
+    rng = np.random.default_rng(7)
+    features = rng.normal(size=(rows_of_update * updates, 4))
+    ids = rng.integers(0, 10, size=rows_of_update * updates)
+    targets = rng.normal(size=(rows_of_update * updates, 1))
+    initial = [rng.normal(size=shape) * 0.5 for shape in [(4, 8), (8,), (10, 8), (8, 1)]]
+
+    def train(optimizer_of, batches):
+        with tf.Graph().as_default():
+            x = tf.compat.v1.placeholder(tf.float64, [None, 4])
+            i = tf.compat.v1.placeholder(tf.int64, [None])
+            y = tf.compat.v1.placeholder(tf.float64, [None, 1])
+            w1, b1, embedding, w2 = [tf.compat.v1.get_variable(f"v{k}", initializer=w) for k, w in enumerate(initial)]
+            loss = tf.reduce_mean((tf.tanh(x @ w1 + b1 + tf.gather(embedding, i)) @ w2 - y) ** 2)
+            optimizer = optimizer_of(tf.compat.v1.train.MomentumOptimizer(lr, momentum))
+            global_step = tf.compat.v1.train.get_or_create_global_step()
+            train_op = optimizer.minimize(loss, global_step=global_step)
+            with _one_thread_session(tf) as session:
+                session.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()])
+                for rows in batches:
+                    session.run(train_op, {x: features[rows], i: ids[rows], y: targets[rows]})
+                return session.run([w1, b1, embedding, w2]), session.run(global_step), optimizer
+
+    reference, reference_steps, _ = train(lambda opt: opt, [slice(u * rows_of_update, (u + 1) * rows_of_update)
+                                                           for u in range(updates)])
+    mine = [u * rows_of_update + (p * n + r) * b for u in range(updates) for p in range(passes)]
+    got, steps, distributed = train(lambda opt: hvd.DistributedOptimizer(opt, **options),
+                                    [slice(first, first + b) for first in mine])
+    for mine, want in zip(got, reference):
+        np.testing.assert_allclose(mine, want, rtol=1e-12, atol=1e-14, err_msg=str(options))
+    assert (reference_steps, steps) == (updates, updates * passes)  # every pass counts the global step
+    hvd.shutdown()
+    return distributed
+
+
+def a_tf1_optimizer_trains_like_the_whole_batch_in_a_session():
+    """The embedding's sparse gradient allgathered as slices, the others averaged in one group."""
+    _tf1_optimizer_trains_like_the_whole_batch({}, momentum=0.9)
+
+
+def a_tf1_optimizer_with_dense_sparse_gradients_and_two_passes_per_step_trains_like_the_whole_batch():
+    distributed = _tf1_optimizer_trains_like_the_whole_batch(
+        {"sparse_as_dense": True, "backward_passes_per_step": 2, "average_aggregated_gradients": True}, momentum=0.0,
+        passes=2)
+    assert distributed._agg_helper.counter.name.endswith("aggregation_counter:0")  # which Horovod's users read
+
+
 def _local_source_keeps_its_own_gradient(scale):
     tf, hvd = _started()
     n, r = hvd.size(), hvd.rank()
@@ -661,12 +790,16 @@ ON_THREE_RANKS = [allreduce_is_exact_for_every_dtype_and_op, allreduce_applies_t
                   reducescatters_gradient_allgathers_the_incoming_ones_times_its_factors_and_the_size_for_sum,
                   collectives_in_a_process_set_involve_its_members_and_refuse_the_others,
                   mismatched_shapes_fail_on_every_rank_eagerly_and_in_tf_function]
-ON_TWO_AND_THREE_RANKS = [a_tf1_graph_is_refused_when_built,
+ON_TWO_AND_THREE_RANKS = [collectives_in_a_session_graph_give_the_eager_results_on_one_thread,
+                          independent_collectives_started_in_opposite_orders_finish_on_one_thread,
+                          mismatched_shapes_in_a_session_fail_on_every_rank_and_the_session_goes_on,
                           independent_collectives_in_a_tf_function_and_its_backward_function_finish,
                           ranks_that_disagree_get_horovods_tensorflow_errors]
 TAPE_ON_THREE_RANKS = [the_tape_trains_like_the_whole_batch_eagerly, the_tape_trains_like_the_whole_batch_in_tf_function,
                        the_tape_with_dense_sparse_gradients_groups_and_predivision_trains_like_the_whole_batch,
-                       the_tape_in_a_process_set_averages_over_its_members]
+                       the_tape_in_a_process_set_averages_over_its_members,
+                       a_tf1_optimizer_trains_like_the_whole_batch_in_a_session,
+                       a_tf1_optimizer_with_dense_sparse_gradients_and_two_passes_per_step_trains_like_the_whole_batch]
 LOCAL_SOURCES = [a_local_source_keeps_its_own_gradient_divided_by_the_size,
                  a_local_source_keeps_its_own_gradient_whole_with_scale_local_gradients_false]
 

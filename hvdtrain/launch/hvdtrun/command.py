@@ -44,6 +44,7 @@ import fcntl
 import importlib.util
 import os
 import shlex
+import shutil
 import signal
 import socket
 import struct
@@ -291,6 +292,37 @@ def job_hosts(options):
     return hosts
 
 
+def check_command_and_hosts(command, hosts, extra_args):
+    """Refuse, in one line, a job that mpirun would end in a banner per rank or host: a program
+    (or Python script) missing on this machine when the job runs only here, a host that does not
+    answer the remote agent mpirun would reach it with (horovodrun checks its ssh likewise)."""
+    if all_on_this_machine(hosts):
+        if shutil.which(command[0]) is None:
+            raise UsageError(f"{command[0]}: no such program (not a file, nor on PATH)")
+        script = _python_script(command)
+        if script is not None and not os.path.isfile(script):
+            raise UsageError(f"{script}: no such file, for {os.path.basename(command[0])} to run")
+        return
+    answering = mpirun.reachable_hosts(hosts, extra_args, os.environ)
+    silent = [host.host for host in hosts if host not in answering]
+    if silent:
+        agent = " ".join(mpirun.remote_agent(extra_args, os.environ))
+        raise UsageError(f"host {silent[0]} does not answer `{agent} {silent[0]} true` within "
+                         f"{mpirun.PROBE_TIMEOUT_S:g} s" + (f" (nor {', '.join(silent[1:])})" if silent[1:] else ""))
+
+
+def _python_script(command):
+    """The script a `python [flags] script.py ...` command runs, else None."""
+    if not os.path.basename(command[0]).startswith("python"):
+        return None
+    for argument in command[1:]:
+        if argument in ("-m", "-c", "-"):
+            return None
+        if not argument.startswith("-"):
+            return argument if argument.endswith(".py") else None
+    return None
+
+
 def busiest_host_ranks(hosts, num_proc):
     """How many ranks the fullest host gets when mpirun fills the hosts slot by slot."""
     counts, left = [], num_proc
@@ -507,11 +539,15 @@ def main(argv=None):
         if options.check_build:
             print(check_build_report())
             sys.exit(0)
+        problem = mpirun.environment_problem({**os.environ, **engine_variables(options)})
+        if problem:
+            raise UsageError(problem)
         extra_args = mpirun_extra_args(options)
         timeout_s = start_timeout_s(options, os.environ)
         if options.host_discovery_script is not None:
             sys.exit(run_elastically(options, extra_args, timeout_s))
         hosts = job_hosts(options)
+        check_command_and_hosts(options.command, hosts, extra_args)
         watch = open_start_watch(options, hosts, timeout_s)
     except UsageError as error:
         print(f"hvdtrun: {error}", file=sys.stderr)

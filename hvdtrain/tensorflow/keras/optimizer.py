@@ -96,9 +96,10 @@ class _Settings:
 
 @dataclass
 class _LocalSums:
-    """Gradients summed on this rank between two reductions (backward_passes_per_step > 1)."""
+    """Gradients summed on this rank between two reductions (backward_passes_per_step > 1), and
+    the passes counted since the last."""
 
-    passes: tf.Variable
+    counter: tf.Variable
     sums: List[Optional[tf.Variable]]
 
 
@@ -107,6 +108,12 @@ def _is_keras3(optimizer_class):
 
 
 class _LocalVariables:
+    @property
+    def _agg_helper(self):
+        """The local sums under Horovod's name (its users read `_agg_helper.counter`): None with
+        backward_passes_per_step = 1, and until the first pass."""
+        return getattr(self, "_hvdtrain_local_sums", None)
+
     def register_local_var(self, var):
         """Keep this rank's own gradient for `var`: it is not reduced over ranks (but divided
         by the size with scale_local_gradients)."""
@@ -166,7 +173,7 @@ def _reduce(optimizer, gradients, variables):
     for total, gradient in zip(local.sums, gradients):
         if gradient is not None:
             total.assign_add(tf.convert_to_tensor(gradient))
-    local.passes.assign_add(1)
+    local.counter.assign_add(1)
     present = [i for i, total in enumerate(local.sums) if total is not None]
 
     def reduce_sums():
@@ -178,13 +185,13 @@ def _reduce(optimizer, gradients, variables):
         with tf.control_dependencies(reduced):
             for i in present:
                 local.sums[i].assign(tf.zeros_like(local.sums[i]))
-            local.passes.assign(0)
+            local.counter.assign(0)
         return reduced
 
     def read_sums():
         return [local.sums[i].read_value() for i in present]
 
-    results = tf.cond(local.passes >= passes, reduce_sums, read_sums)
+    results = tf.cond(local.counter >= passes, reduce_sums, read_sums)
     gradients = [None] * len(local.sums)
     for i, result in zip(present, results):
         gradients[i] = result
@@ -203,7 +210,7 @@ def _apply_or_count(optimizer, apply):
     def count_iteration():
         optimizer.iterations.assign_add(1)
 
-    tf.cond(optimizer._hvdtrain_local_sums.passes == 0, apply_update, count_iteration)
+    tf.cond(optimizer._hvdtrain_local_sums.counter == 0, apply_update, count_iteration)
     return optimizer.iterations
 
 

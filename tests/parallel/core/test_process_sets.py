@@ -1,9 +1,9 @@
 """Process sets on real ranks (hvdtrain/core/process_sets.py): collectives among some of the ranks
 give exactly the result of those ranks' inputs, run beside the global set's and other sets'
-collectives of the same names; sets made from mpi4py communicators, and sets given again, are
+collectives of the same names; sets made from mpi4py communicators, and sets of all ranks, are
 registered as Horovod registers them; and bad use (a rank outside the set, a root outside it,
-ranks registering different sets, a communicator's set not passed by its members) fails on every
-rank concerned instead of hanging. What is refused before any rank waits is in
+ranks registering different sets, a set given twice, a communicator's set not passed by its
+members) fails on every rank concerned instead of hanging. What is refused before any rank waits is in
 tests/single/core/test_process_sets.py."""
 
 import numpy as np
@@ -147,28 +147,32 @@ def a_communicators_set_passed_by_a_rank_outside_it_is_refused_on_every_rank():
     _refused_at_init_on_every_rank([ProcessSet(pair)], rf"rank {n - 1}: its ProcessSet was made from MPI.COMM_NULL")
 
 
-def sets_given_again_are_registered_once_as_in_horovod():
+def sets_of_all_ranks_are_the_global_set_and_the_order_of_ranks_does_not_matter():
     """Horovod's static rule: lists of ranks are process sets too, their order does not matter, and
-    a set given again or one of all ranks is not registered again; every object given gets the id
-    of the set registered with its ranks, and works as that set."""
+    a set of all ranks (a list or a communicator) is the global set, not registered again; every
+    object given gets the id of the set registered with its ranks, and works as that set."""
     from mpi4py import MPI
 
     n, me = world()
-    rest = list(range(1, n)) if me == 0 else list(reversed(range(1, n)))
-    repeated_rest, whole = ProcessSet(rest), ProcessSet(MPI.COMM_WORLD)
-    given = [[0], rest, list(range(n - 1, -1, -1)), [0], repeated_rest, whole]
-    core.init(process_sets=given)
+    rest = ProcessSet(list(range(1, n)) if me == 0 else list(reversed(range(1, n))))
+    whole = ProcessSet(MPI.COMM_WORLD)
+    core.init(process_sets=[[0], rest, list(range(n - 1, -1, -1)), whole])
     assert [process_set_by_id(i).ranks for i in (0, 1, 2)] == [list(range(n)), [0], list(range(1, n))]
     with pytest.raises(ValueError, match="no process set with id 3"):
         process_set_by_id(3)
-    assert (repeated_rest.process_set_id, whole.process_set_id) == (2, 0)
+    assert (rest.process_set_id, whole.process_set_id) == (2, 0)
     expected = sum(data(r) for r in range(1, n)).tolist()
     if me:
         assert core.allreduce_async(data(me), name="rest", op=ReduceOp.SUM,
-                                    process_set=repeated_rest).wait().tolist() == expected
+                                    process_set=rest).wait().tolist() == expected
     assert core.allreduce_async(data(me), name="all", op=ReduceOp.SUM, process_set=whole).wait().tolist() == \
         sum(data(r) for r in range(n)).tolist()
     core.shutdown()
+
+
+def a_set_given_twice_is_refused_on_every_rank():
+    _refused_at_init_on_every_rank([[0], [1, 2], ProcessSet([0])],
+                                   r"rank 0 passed the process set of ranks \[0\] twice \(entries 0 and 2\)")
 
 
 def a_mismatch_inside_a_process_set_names_the_ranks_of_the_job():
@@ -187,9 +191,10 @@ def a_mismatch_inside_a_process_set_names_the_ranks_of_the_job():
 ON_THREE_OR_FOUR_RANKS = [collectives_in_process_sets_involve_their_members_only,
                           a_rank_or_root_outside_a_process_set_is_refused,
                           sets_made_from_communicators_are_registered_on_every_rank,
-                          sets_given_again_are_registered_once_as_in_horovod]
+                          sets_of_all_ranks_are_the_global_set_and_the_order_of_ranks_does_not_matter]
 ON_THREE_RANKS = [a_communicators_set_not_passed_by_a_member_is_refused_on_every_rank,
-                  a_communicators_set_passed_by_a_rank_outside_it_is_refused_on_every_rank]
+                  a_communicators_set_passed_by_a_rank_outside_it_is_refused_on_every_rank,
+                  a_set_given_twice_is_refused_on_every_rank]
 ON_FOUR_RANKS = [a_mismatch_inside_a_process_set_names_the_ranks_of_the_job]
 
 

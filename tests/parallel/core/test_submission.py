@@ -43,6 +43,7 @@ def arguments_that_can_never_work_are_refused_when_submitted():
          lambda: core.allreduce_async(ones, name="o", output=[0.0] * 4)),
         (ValueError, "must be finite", lambda: core.allreduce_async(ones, name="f", prescale_factor=float("nan"))),
         (NotImplementedError, "Adasum", lambda: core.allreduce_async(ones, name="a", op=ReduceOp.ADASUM)),
+        (RuntimeError, "Adasum", lambda: core.reducescatter_async(ones, name="rs", op=ReduceOp.ADASUM)),
         (ValueError, "non-empty string", lambda: core.allreduce_async(ones, name="")),
         (ValueError, "at least one dimension", lambda: core.allgather_async(np.array(1.0), name="d")),
         (ValueError, "result goes into is read-only", lambda: core.allreduce_async(read_only, name="ro")),

@@ -34,6 +34,16 @@ def test_the_default_recipe_reaches_its_target(default_run):
     assert results["target"]["value"] == 95.0 and results["samples_per_s"] > 0 and results["wall_time_s"] > 0
 
 
+def test_the_command_says_how_long_the_user_waited_and_results_json_keeps_it(default_run):
+    """The ranks' wall time leaves out starting them and writing the report; the command's does not."""
+    run_dir, result = default_run
+    results = results_of(run_dir)
+    said = [line for line in result.stdout.splitlines() if line.startswith("hvdtrain: this run took ")]
+    assert said == [f"hvdtrain: this run took {results['command_time_s']:.1f} s from the command (set-up, restarts "
+                    "and the report included)"]
+    assert results["command_time_s"] > results["wall_time_s"]
+
+
 def test_the_validation_accuracy_counts_every_image_once(default_run):
     # 360 validation images: the reduced accuracy is a whole number of them
     assert round(results_of(default_run[0])["metrics"]["val_top1"] * 360 / 100, 6).is_integer()

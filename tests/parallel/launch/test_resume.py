@@ -5,9 +5,9 @@ says what becomes of its schedule; a constant-schedule run extended ends as one 
 new epochs; extending to no more epochs than done is refused. The resumes that end before
 anything is launched run in this process."""
 
-import json
-
 import pytest
+
+from hvdtrain.run.plan import read_plans
 
 from support.commands import assert_the_figures_divide, history, hvdtrain_here, results_of, run_hvdtrain
 
@@ -53,14 +53,14 @@ def test_resuming_a_finished_run_changes_nothing(finished_resumed):
 
 @pytest.fixture(scope="module")
 def cosine_extended(default_run):
-    """(the lines `hvdtrain resume=RUN_DIR train.epochs=14 dry_run=true` printed for the default
-    run, whose schedule is cosine; the run's files before; after)."""
+    """((the first line `hvdtrain resume=RUN_DIR train.epochs=14 dry_run=true` printed for the
+    default run, whose schedule is cosine, and the plan it printed); the run's files before; after)."""
     run_dir, _ = default_run
     before = files_of(run_dir)
     with pytest.MonkeyPatch.context() as monkeypatch:
         result = hvdtrain_here(f"resume={run_dir}", "train.epochs=14", "dry_run=true", monkeypatch=monkeypatch)
     assert result.returncode == 0, result.stdout + result.stderr
-    return result.stdout.splitlines(), before, files_of(run_dir)
+    return (result.stdout.splitlines()[0], read_plans(result.stdout)[0]), before, files_of(run_dir)
 
 
 def test_extending_a_cosine_run_says_what_becomes_of_its_schedule(default_run, cosine_extended):
@@ -73,7 +73,7 @@ def test_extending_a_cosine_run_says_what_becomes_of_its_schedule(default_run, c
 
 def test_the_plan_of_an_extended_run_has_its_new_epochs(cosine_extended):
     (_, plan), _, _ = cosine_extended
-    assert json.loads(plan)["epochs"] == 14
+    assert plan["epochs"] == 14
 
 
 def test_a_dry_run_of_an_extension_writes_nothing(cosine_extended):

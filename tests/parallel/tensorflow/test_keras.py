@@ -107,6 +107,10 @@ def _fit_trains_like_the_whole_batch_and_averages_the_loss(passes):
     every_rank = allgather_object(local.losses)
     np.testing.assert_allclose(history.history["loss"], np.mean(every_rank, axis=0), rtol=1e-12)
     assert len({tuple(losses) for losses in every_rank}) == n  # each rank's own losses differ
+    if passes == 1:
+        assert optimizer._agg_helper is None
+    else:  # Horovod's users read the passes counted since the last reduction
+        assert int(optimizer._agg_helper.counter.numpy()) in range(passes)
     hvd.shutdown()
 
 
@@ -288,8 +292,10 @@ def what_horovod_rejects_and_hvdtrain_cannot_do_is_refused_clearly():
         hvd_tf.DistributedGradientTape(tf.GradientTape(), groups=-1)
     with pytest.raises(NotImplementedError, match="Adasum"):
         hvd_tf.allreduce(tf.ones(2), op=hvd_tf.Adasum)
-    with pytest.raises(NotImplementedError, match="TF1 optimizer"):
-        hvd_tf.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.1))
+    tf1_sgd = tf.compat.v1.train.GradientDescentOptimizer(0.1)  # TF1 optimizers get Horovod's TF1 wrapper
+    assert isinstance(hvd_tf.DistributedOptimizer(tf1_sgd), tf.compat.v1.train.Optimizer)
+    with pytest.raises(ValueError, match="backward_passes_per_step > 1 is not yet supported .* eager execution"):
+        hvd_tf.DistributedOptimizer(tf1_sgd, backward_passes_per_step=2)
     wrapped = hvd_tf.DistributedOptimizer(sgd)  # Keras optimizers go to hvdtrain.keras
     assert isinstance(wrapped, type(sgd)) and type(wrapped).__name__ == "SGD" and wrapped._hvdtrain.reduction
     with pytest.raises(ValueError, match="filepath"):

@@ -504,13 +504,36 @@ def a_rank_outside_the_optimizers_process_set_trains_alone():
     hvd.shutdown()
 
 
+def an_optimizer_made_after_one_of_a_process_set_names_its_buckets_alike_everywhere():
+    """Every rank makes an optimizer of a set of 2 of 3 ranks, then one of all ranks: its
+    buckets are named alike on every rank (or no rank could step), and the names it makes up for
+    parameters given without names are unique and the same everywhere."""
+    members = hvd.ProcessSet([0, 2])
+    hvd.init(process_sets=[members])
+    n = hvd.size()
+    hvd.DistributedOptimizer(torch.optim.SGD(torch.nn.Linear(4, 1).parameters(), lr=0.1), process_set=members)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 1)).double()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    names = [optimizer._parameter_names[p] for p in model.parameters()]
+    assert len(set(names)) == 4 and hvd.allgather_object(names) == [names] * n
+    optimizer.zero_grad()
+    model(torch.full((2, 4), float(hvd.rank()), dtype=torch.float64)).sum().backward()
+    optimizer.step()
+    weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    assert hvd.allgather_object(weights.tolist()) == [weights.tolist()] * n  # one step, the same everywhere
+    hvd.shutdown()
+
+
 # ----------------------------------------------------------------------------- the jobs on ranks
 
 # Which checks each job runs, by (ranks, HVDTRAIN_SEGMENT_BYTES): the default puts _model() in one
 # segment; 0 puts each gradient on its own (Horovod's way); 20000 splits it unevenly.
 JOBS = {
     (2, None): EQUIVALENCE + SPARSE,
-    (3, None): EQUIVALENCE + CLOSERS + GROUPS + RULES + SPARSE + [a_rank_outside_the_optimizers_process_set_trains_alone],
+    (3, None): EQUIVALENCE + CLOSERS + GROUPS + RULES + SPARSE + [
+        a_rank_outside_the_optimizers_process_set_trains_alone,
+        an_optimizer_made_after_one_of_a_process_set_names_its_buckets_alike_everywhere],
     (3, "0"): EQUIVALENCE + CLOSERS,
     (3, "20000"): EQUIVALENCE,
     (4, None): EQUIVALENCE + [two_pairs_of_ranks_train_side_by_side_each_like_its_own_large_batch,
@@ -546,8 +569,11 @@ def test_sparse_gradients_train_like_one_process_with_the_whole_batch(ranks, che
     job(ranks, num_proc).assert_passed(check)
 
 
-def test_a_rank_outside_the_optimizers_process_set_trains_alone(ranks):
-    job(ranks, 3).assert_passed(a_rank_outside_the_optimizers_process_set_trains_alone)
+@pytest.mark.parametrize("check", [a_rank_outside_the_optimizers_process_set_trains_alone,
+                                   an_optimizer_made_after_one_of_a_process_set_names_its_buckets_alike_everywhere],
+                         ids=lambda check: check.__name__)
+def test_optimizers_of_a_process_set_on_three_ranks(ranks, check):
+    job(ranks, 3).assert_passed(check)
 
 
 @pytest.mark.parametrize("check", [two_pairs_of_ranks_train_side_by_side_each_like_its_own_large_batch,

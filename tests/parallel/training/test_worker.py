@@ -1,7 +1,8 @@
 """Every rank's entry point (hvdtrain/training/worker.py) in jobs that mpirun started with
 `hvdtrain` inside: rank 0's config is the run's and the run trains in place (an ImageFolder
 recipe); a device the command could not check is refused by the ranks in one line; a bad
-progress bar setting stops the job cleanly; a rank's error ends the job with it."""
+progress bar setting stops the job cleanly, and so does a Horovod variable the ranks refuse as
+they start; a rank's error ends the job with it."""
 
 import json
 import re
@@ -109,6 +110,20 @@ def test_a_bad_progress_bar_setting_in_an_mpirun_job_is_refused_by_name(bad_prog
 def test_a_bad_progress_bar_setting_in_an_mpirun_job_stops_it_cleanly(bad_progress_bar_setting):
     run_dir, output = bad_progress_bar_setting
     assert "Traceback" not in output and not run_dir.exists()
+
+
+def test_ranks_that_refuse_a_horovod_variable_at_start_exit_as_a_config_error_in_one_line(tmp_path):
+    """The launcher checks the variables it passes on, but a rank's own environment (a remote
+    host's) may differ: its refusal at start is no failure a restart would mend (exit status 2)."""
+    environment = {**mpirun.worker_environment(2), "HOROVOD_FUSION_THRESHOLD": "abc"}
+    program = [sys.executable, "-m", "hvdtrain.training.worker", str(tmp_path)]
+    result = mpirun.run(mpirun.mpirun_command(program, num_proc=2, env=environment), env=environment, timeout=TIMEOUT,
+                        capture=True)
+    assert result.returncode == 2, result.stdout
+    # mpirun may stop one rank before it says the same
+    assert re.search(r"hvdtrain: rank [01]: environment variable HOROVOD_FUSION_THRESHOLD='abc' is not a valid int\n",
+                     result.stdout), result.stdout
+    assert "Traceback" not in result.stdout
 
 
 def test_a_failing_rank_says_its_error(failing_run):

@@ -24,3 +24,18 @@ def test_init_refuses_process_sets_that_are_not_a_list_of_process_sets(process_s
     with pytest.raises(ValueError, match=r"takes a list of process sets or 'dynamic', got "):
         core.init(process_sets=process_sets)
     assert not core.is_initialized()
+
+
+def test_a_set_given_twice_at_init_is_refused_naming_both_entries():
+    from hvdtrain.core.process_sets import _agree
+
+    asked = [[("ranks", [0]), ("ranks", [1, 2]), ("ranks", [0])]] * 3  # what each of 3 ranks passed
+    with pytest.raises(ValueError, match=r"rank 0 passed the process set of ranks \[0\] twice \(entries 0 and 2\)"):
+        _agree(asked, 1, 3, at_init=True)
+
+
+def test_sets_of_all_ranks_at_init_are_the_global_set_however_often_given():
+    from hvdtrain.core.process_sets import _agree
+
+    asked = [[("ranks", [0, 1, 2]), ("ranks", [1, 2]), ("comm", [0, 1, 2])]] * 3
+    assert _agree(asked, 1, 3, at_init=True) == [[1, 2]]

@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from hvdtrain.launch import cli
+from hvdtrain.run.plan import read_plans
 from hvdtrain.run.job import progress_bar_wanted
 
 from support.commands import hvdtrain_here, no_launch
@@ -58,6 +59,8 @@ BAD_INPUTS = {
     "multi-host layout without hosts": (["cluster=4x4"], "cluster=4x4 needs 4 hosts but none were given"),
     "too few slots on a host": (["cluster=2x4", "cluster.hosts=[a:4,b:2]"], "host b offers 2"),
     "unknown key": (["train.bach_size=3"], "train.bach_size: unknown key; did you mean train.batch_size?"),
+    "a run to resume that does not exist": (["resume=runs/digits/never"],
+                                            "resume=runs/digits/never: no such directory"),
 }
 
 
@@ -72,7 +75,7 @@ def here(*args, cwd, env=None):
 
 def plans(result):
     assert result.returncode == 0, result.stdout + result.stderr
-    return [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    return read_plans(result.stdout)
 
 
 @pytest.fixture(scope="module")
@@ -123,6 +126,13 @@ def test_a_bad_progress_bar_setting_gets_a_clear_message_and_launches_nothing(tm
     assert "environment variable HVDTRAIN_PROGRESS_BAR must be 0 or 1, got 'yes'" in result.stderr
     assert "Traceback" not in result.stderr + result.stdout
     assert "starting" not in result.stdout and not (tmp_path / "run").exists()
+
+
+def test_a_horovod_variable_the_ranks_would_refuse_ends_in_one_line_before_launching(tmp_path):
+    result = here(f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, env={"HOROVOD_FUSION_THRESHOLD": "abc"})
+    assert (result.returncode, result.stdout, result.stderr) == (
+        2, "", "hvdtrain: environment variable HOROVOD_FUSION_THRESHOLD='abc' is not a valid int\n")
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.fixture
@@ -177,6 +187,11 @@ def test_help_lists_the_recipes_and_clusters(monkeypatch, tmp_path):
     result = hvdtrain_here("--help", monkeypatch=monkeypatch, cwd=tmp_path)
     assert result.returncode == 0
     assert "recipe: digits" in result.stdout and "4x4" in result.stdout and "dry_run=true" in result.stdout
+
+
+def test_help_shows_the_subcommands_and_the_users_own_config_folder(monkeypatch, tmp_path):
+    result = hvdtrain_here("--help", monkeypatch=monkeypatch, cwd=tmp_path)
+    assert all(usage in result.stdout for usage in ("hvdtrain ls", "hvdtrain cp RECIPE NEW", "--config-dir conf"))
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ and the real exit status of a refusal: tests/parallel/launch/test_compose.py."""
 import pytest
 
 from hvdtrain.launch.compose import RECIPES_DIR
+from hvdtrain.run.plan import read_plans
 
 from support.commands import hvdtrain_here, no_launch
 from support.configs import compose
@@ -35,6 +36,8 @@ ONE_LINE_ERRORS = {
     "key added with +, nothing near": (["+optimizer.bogus=1"],
                                        f"optimizer.bogus: unknown key; the keys of optimizer: {OPTIMIZER_KEYS}"),
     "key deleted with ~, misspelt": (["~train.epoch"], "train.epoch: unknown key; did you mean train.epochs?"),
+    "a key of another section": (["train.lr=0.1"],
+                                 "train.lr: unknown key; did you mean optimizer.base_lr or schedule.final_lr?"),
     "not an integer": (["train.epochs=abc"], "train.epochs='abc': must be an integer"),
     "not a boolean": (["train.channels_last=maybe"], "train.channels_last='maybe': must be true or false"),
     "not a list": (["optimizer.exclude_from_weight_decay=bn"],
@@ -119,13 +122,11 @@ def test_a_layout_without_a_file_of_its_own_names_itself():
 @pytest.fixture(scope="module")
 def layouts_swept(tmp_path_factory):
     """The plans of `hvdtrain -m recipe=resnet101_synthetic cluster=3x1,128x4,4x4 dry_run=true`."""
-    import json
-
     with pytest.MonkeyPatch.context() as monkeypatch:
         result = hvdtrain_here("-m", "recipe=resnet101_synthetic", "cluster=3x1,128x4,4x4", "dry_run=true",
                                monkeypatch=monkeypatch, cwd=tmp_path_factory.mktemp("sweep"))
     assert result.returncode == 0, result.stdout + result.stderr
-    return [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    return read_plans(result.stdout)
 
 
 def test_a_sweep_over_layouts_without_files_composes(layouts_swept):

@@ -3,13 +3,12 @@
 it, and the run's config.yaml, which the workers read, takes it only once the run may start.
 Resuming real runs: tests/parallel/launch/test_resume.py."""
 
-import json
-
 import pytest
 
 from hvdtrain.launch import cli, mpirun
 from hvdtrain.run import devices
 from hvdtrain.run.config import ConfigError
+from hvdtrain.run.plan import read_plans
 from hvdtrain.run.run_dir import claim_run_dir
 
 from support.commands import hvdtrain_here
@@ -27,10 +26,10 @@ def started_run(tmp_path):
 
 @pytest.fixture
 def moved_to_the_cpu(started_run, monkeypatch):
-    """What `hvdtrain resume=RUN_DIR train.device=cpu dry_run=true` prints."""
+    """What `hvdtrain resume=RUN_DIR train.device=cpu dry_run=true` prints: its first line, the plan."""
     result = hvdtrain_here(f"resume={started_run}", "train.device=cpu", "dry_run=true", monkeypatch=monkeypatch)
     assert result.returncode == 0, result.stderr
-    return result.stdout.splitlines()
+    return result.stdout.splitlines()[0], read_plans(result.stdout)[0]
 
 
 @pytest.fixture
@@ -48,7 +47,7 @@ def test_resume_says_the_run_goes_on_with_the_new_device(started_run, moved_to_t
 
 def test_the_plan_of_a_moved_run_shows_its_new_device(moved_to_the_cpu):
     _, plan = moved_to_the_cpu
-    assert (json.loads(plan)["device"], json.loads(plan)["device_reason"]) == ("cpu", "train.device=cpu")
+    assert (plan["device"], plan["device_reason"]) == ("cpu", "train.device=cpu")
 
 
 def test_a_dry_run_of_a_moved_run_writes_nothing(started_run, moved_to_the_cpu):

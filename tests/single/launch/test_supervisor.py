@@ -50,17 +50,18 @@ RESTARTED = {
 @pytest.fixture(scope="module")
 def restarted_to_the_limit(tmp_path_factory):
     """supervised(status): (what the supervisor returned for a job that always ends with
-    `status`, allowed 2 restarts, the restarts recorded in its run directory, what it said, the
-    run directory); each status supervised once."""
+    `status`, allowed 2 restarts, the restarts recorded in its run directory, what it said on
+    stderr, the run directory, what it said on stdout, where rank 0 prints the plan); each status
+    supervised once."""
     seen = {}
 
     def supervised(status):
         if status not in seen:
             run_dir = tmp_path_factory.mktemp("supervised")
-            with contextlib.redirect_stderr(io.StringIO()) as said:
+            with contextlib.redirect_stderr(io.StringIO()) as said, contextlib.redirect_stdout(io.StringIO()) as out:
                 returned = supervise(job_exiting(status), run_dir, "fault.max_restarts=2")
             restarts = [r for r in history(run_dir) if r["event"] == "restart"]
-            seen[status] = returned, restarts, said.getvalue(), run_dir
+            seen[status] = returned, restarts, said.getvalue(), run_dir, out.getvalue()
         return seen[status]
 
     return supervised
@@ -68,26 +69,32 @@ def restarted_to_the_limit(tmp_path_factory):
 
 @pytest.mark.parametrize("status", RESTARTED)
 def test_failures_a_restart_can_fix_end_with_their_status_after_the_last_restart(restarted_to_the_limit, status):
-    returned, _, _, _ = restarted_to_the_limit(status)
+    returned, _, _, _, _ = restarted_to_the_limit(status)
     assert returned == status
 
 
 @pytest.mark.parametrize("status", RESTARTED)
 def test_failures_a_restart_can_fix_are_restarted_up_to_the_limit(restarted_to_the_limit, status):
-    _, restarts, _, _ = restarted_to_the_limit(status)
+    _, restarts, _, _, _ = restarted_to_the_limit(status)
     reason = RESTARTED[status]
     assert [(r["attempt"], r["reason"], r["step"]) for r in restarts] == [(1, reason, 0), (2, reason, 0)]
 
 
 @pytest.mark.parametrize("status", RESTARTED)
 def test_each_restart_says_why_and_from_where(restarted_to_the_limit, status):
-    _, _, said, _ = restarted_to_the_limit(status)
+    _, _, said, _, _ = restarted_to_the_limit(status)
     assert f"hvdtrain: {RESTARTED[status]}; restart 2 of 2 in 0 s from step 0 (0 steps lost)" in said
 
 
 @pytest.mark.parametrize("status", RESTARTED)
+def test_each_restart_says_so_where_the_plan_is_printed_again(restarted_to_the_limit, status):
+    *_, out = restarted_to_the_limit(status)
+    assert out.splitlines() == [f"hvdtrain: restart {n} of 2: the job starts again from step 0" for n in (1, 2)]
+
+
+@pytest.mark.parametrize("status", RESTARTED)
 def test_the_last_failure_says_how_to_continue(restarted_to_the_limit, status):
-    _, _, said, run_dir = restarted_to_the_limit(status)
+    _, _, said, run_dir, _ = restarted_to_the_limit(status)
     assert (f"hvdtrain: {RESTARTED[status]}; restarted 2 times already (fault.max_restarts=2), so it stops here. "
             f"Continue from the last checkpoint with: hvdtrain resume={run_dir}") in said
 
@@ -230,28 +237,3 @@ def test_fewer_hosts_left_than_fault_min_hosts_stop_the_run():
 def test_by_default_every_host_is_needed():
     with pytest.raises(ConfigError, match=r"fault.min_hosts=None"):
         supervisor.resized(compose("cluster=3x2"), THREE_HOSTS, THREE_HOSTS[:2])
-
-
-@pytest.fixture
-def agent(tmp_path):
-    """A remote agent in place of ssh: host `up` answers, `slow` never does, any other fails."""
-    path = tmp_path / "agent.sh"
-    path.write_text("#!/bin/sh\ncase $2 in up) exit 0;; slow) exec sleep 30;; *) exit 1;; esac\n")
-    path.chmod(0o755)
-    return path
-
-
-def test_the_agent_is_the_one_cluster_mpirun_args_give_mpirun(agent):
-    cfg = compose("cluster=4x1", f"cluster.mpirun_args=[--mca,plm_ssh_agent,{agent} extra-word]")
-    assert supervisor.remote_agent(cfg.cluster, {}) == [str(agent), "extra-word"]
-
-
-def test_the_agent_is_the_one_open_mpis_variable_gives():
-    assert supervisor.remote_agent(compose().cluster, {"OMPI_MCA_plm_rsh_agent": "rsh -x"}) == ["rsh", "-x"]
-
-
-def test_hosts_that_the_agent_does_not_reach_in_time_are_left_out(agent, monkeypatch):
-    cfg = compose("cluster=4x1", f"cluster.mpirun_args=[--mca,plm_ssh_agent,{agent} extra-word]")
-    monkeypatch.setattr(supervisor, "PROBE_TIMEOUT_S", 1.0)
-    hosts = [Host("localhost", 1), Host("up", 1), Host("down", 1), Host("slow", 1)]
-    assert supervisor.reachable_hosts(hosts, cfg.cluster, {}) == hosts[:2]

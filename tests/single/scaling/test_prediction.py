@@ -8,6 +8,7 @@ import json
 import pytest
 
 from hvdtrain.launch import mpirun
+from hvdtrain.run.plan import read_plans
 from hvdtrain.scaling import step_time
 from hvdtrain.scaling.prediction import predict, profile_path
 
@@ -29,7 +30,7 @@ def here(*args, cwd):
 
 def plans(result):
     assert result.returncode == 0, result.stdout + result.stderr
-    return [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    return read_plans(result.stdout)
 
 
 def test_a_dry_run_without_the_network_predicts_nothing(tmp_path):

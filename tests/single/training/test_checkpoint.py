@@ -41,19 +41,21 @@ def test_finds_the_newest_with_its_metadata(tmp_path):
     assert path.name == "step-000000040.ckpt" and state == {"global_step": 40, "epoch": 4, "weights": 40}
 
 
-def test_a_truncated_checkpoint_is_skipped_with_a_warning_naming_it(tmp_path):
+def test_a_truncated_checkpoint_is_skipped_in_one_line_naming_it(tmp_path, capsys):
     for step in (10, 20):
         save(tmp_path, step, keep=5, payload={"weights": step, "pad": "x" * 100})
     newest = checkpoint.path_for(tmp_path, 20)
     newest.write_bytes(newest.read_bytes()[:-30])
-    with pytest.warns(UserWarning, match=str(newest)):
-        path, state = checkpoint.load_newest_valid(tmp_path, decode)
+    path, state = checkpoint.load_newest_valid(tmp_path, decode)
     assert state["global_step"] == 10
+    said = capsys.readouterr()
+    assert said.out == "" and said.err.startswith(f"hvdtrain: skipping checkpoint {newest}: it cannot be read (")
+    assert len(said.err.splitlines()) == 1
 
 
-def test_a_corrupt_state_is_found_by_its_checksum_without_the_framework(tmp_path):
+def test_a_corrupt_state_is_found_by_its_checksum_without_the_framework(tmp_path, capsys):
     """The `hvdtrain` command reads the metadata alone; a flipped byte in the framework's state
-    makes the checkpoint invalid there too, and it says nothing: the training loop warns."""
+    makes the checkpoint invalid there too, and it says nothing: the training loop says it."""
     for step in (10, 20):
         save(tmp_path, step, keep=5, payload={"weights": "w" * 200})
     newest = checkpoint.path_for(tmp_path, 20)
@@ -61,6 +63,7 @@ def test_a_corrupt_state_is_found_by_its_checksum_without_the_framework(tmp_path
     data[data.index(b"wwww")] ^= 1
     newest.write_bytes(bytes(data))
     assert checkpoint.newest_metadata(tmp_path) == {"global_step": 10, "epoch": 1}
+    assert capsys.readouterr().err == ""
 
 
 def test_no_checkpoint_has_no_metadata(tmp_path):

@@ -237,10 +237,11 @@ def test_ctrl_c_stops_every_process_of_the_job(interrupted):
 
 @pytest.fixture(scope="module")
 def never_started(tmp_path_factory):
-    """(what hvdtrun gave for one rank on a "remote" host whose agent, in place of ssh, never
-    starts Open MPI's daemon there, with --start-timeout 1; its seconds; the agent)."""
+    """(what hvdtrun gave for one rank on a "remote" host whose agent, in place of ssh, answers
+    hvdtrun's probe (`HOST true`) but never starts Open MPI's daemon there, with --start-timeout 1;
+    its seconds; the agent)."""
     agent = tmp_path_factory.mktemp("agent") / "agent_that_hangs.sh"
-    agent.write_text("#!/bin/sh\nsleep 120\n")
+    agent.write_text('#!/bin/sh\n[ "$2" = true ] && exit 0\nsleep 120\n')
     agent.chmod(0o755)
     started = time.monotonic()
     result = run_hvdtrun("-np", "1", "-H", "127.0.0.2:1", "--start-timeout", "1",

@@ -165,6 +165,36 @@ def test_a_start_timeout_variable_that_is_no_number_is_refused(start_timeouts):
         hvdtrun.start_timeout_s(default, {"HOROVOD_START_TIMEOUT": "soon"})
 
 
+@pytest.mark.parametrize("variables, problem", [
+    ({"HOROVOD_FUSION_THRESHOLD": "abc"}, "HOROVOD_FUSION_THRESHOLD='abc' is not a valid int"),
+    ({"HVDTRAIN_CHUNK_BYTES": "0"}, "HVDTRAIN_CHUNK_BYTES must be positive"),
+    ({"HOROVOD_TIMELINE": "/no/such/folder/timeline.json"},
+     "HOROVOD_TIMELINE='/no/such/folder/timeline.json': folder /no/such/folder does not exist"),
+])
+def test_a_variable_the_ranks_would_refuse_is_refused_in_one_line_before_launching(variables, problem, monkeypatch):
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    line = refusal(hvdtrun_here("-np", "2", "python", "train.py", monkeypatch=monkeypatch))
+    assert line == f"hvdtrun: environment variable {problem}"
+
+
+def test_a_host_that_does_not_answer_the_agent_is_refused_in_one_line(tmp_path, monkeypatch):
+    agent = tmp_path / "agent.sh"
+    agent.write_text("#!/bin/sh\nexit 255\n")
+    agent.chmod(0o755)
+    monkeypatch.setenv("OMPI_MCA_plm_ssh_agent", str(agent))
+    line = refusal(hvdtrun_here("-np", "2", "-H", "nosuchhost:2", "python", "train.py", monkeypatch=monkeypatch))
+    assert line == f"hvdtrun: host nosuchhost does not answer `{agent} nosuchhost true` within 15 s"
+
+
+@pytest.mark.parametrize("command, problem", [
+    (["nosuchprogram", "x"], "nosuchprogram: no such program (not a file, nor on PATH)"),
+    (["python", "-u", "/nonexistent.py"], "/nonexistent.py: no such file, for python to run"),
+])
+def test_a_command_that_cannot_start_here_is_refused_in_one_line(command, problem, monkeypatch):
+    assert refusal(hvdtrun_here("-np", "2", *command, monkeypatch=monkeypatch)) == f"hvdtrun: {problem}"
+
+
 def test_check_build_shows_this_install_in_horovodruns_layout(monkeypatch):
     result = hvdtrun_here("--check-build", monkeypatch=monkeypatch)
     assert result.returncode == 0, result.stderr
