@@ -3,7 +3,7 @@ VENV   := .venv
 PYTHON := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: run test gpu-wheels bench bench-decode bench-horovod study calibrate slurm-times clean-venv
+.PHONY: run test image gpu-wheels bench bench-decode bench-horovod study calibrate slurm-times clean-venv
 
 # uv installs the 8 GB of wheels (torch is a CUDA build) in about a minute where pip takes three.
 # It compiles the bytecode as pip does: every rank imports torch and TensorFlow from it, and where
@@ -24,6 +24,11 @@ run: $(STAMP)
 test: $(STAMP)
 	@[ "$$(id -u)" != 0 ] || sh scripts/install_slurm.sh || echo "make: Slurm's packages could not be installed"
 	$(PYTHON) -m pytest -q -n 2 --dist loadgroup
+
+# hvdtrain's image (Containerfile) for containers and Kubernetes (launcher=kubernetes), built with
+# podman; as root it installs podman, runc and debootstrap from Debian where they are missing.
+image: $(STAMP)
+	sh scripts/build_image.sh
 
 # What the GPU check (scripts/gpu_check.sh) installs on a device machine beyond that machine's own
 # torch, torchvision, CuPy and mpi4py, for its Python 3.12, to carry there (about 7 MB): gpu_wheels/

@@ -3,7 +3,8 @@
 It composes the config once (Hydra: compose.py), checks it, derives the plan, writes the resolved
 config.yaml into the run directory, and then either trains in this process (when it already is a
 rank of an mpirun or srun job: hvdtrain/training/worker.py), submits it as a Slurm batch job
-(launcher=slurm: slurm.py), or starts the workers with mpirun (or srun) and restarts them after
+(launcher=slurm: slurm.py), prints it as a Kubernetes job (launcher=kubernetes: kubernetes.py), or
+starts the workers with mpirun (or srun) and restarts them after
 failures that a restart can fix (supervisor.py); rank 0 loads that config.yaml and broadcasts
 it, and no worker composes its own. A resumed run, or a Slurm job started again, continues with
 its saved config (resume.py). `hvdtrain ls` and `hvdtrain cp` list the recipes and copy one
@@ -22,7 +23,7 @@ from hydra._internal.utils import get_args_parser as hydra_args_parser  # hydra.
 from hydra.core.hydra_config import HydraConfig
 
 from hvdtrain.core.exits import EXIT_CONFIG
-from hvdtrain.launch import compose, mpirun, recipes, resume, slurm, supervisor
+from hvdtrain.launch import compose, kubernetes, mpirun, recipes, resume, slurm, supervisor
 from hvdtrain.launch.compose import CONF_DIR
 from hvdtrain.reporting.report import record_command_time
 from hvdtrain.run import devices, hosts
@@ -93,6 +94,11 @@ def run(cfg, run_dir):
         from hvdtrain.scaling import profile  # torch: only for a profile
 
         profile.profile(cfg)
+        _remove_if_empty(run_dir)
+        return
+    if cfg.launcher == "kubernetes":  # the job's manifests, for kubectl apply -f -
+        objects = kubernetes.manifests(cfg, HydraConfig.get().overrides.task, kubernetes.ssh_key_pair())
+        print(kubernetes.printed(objects), end="")
         _remove_if_empty(run_dir)
         return
     if cfg.dry_run:

@@ -54,7 +54,7 @@ def summary_table(sweep_dir):
             achieved = results["metrics"].get(target["metric"])
             result = f"{target['metric']} {achieved:.4g}" if achieved is not None else "not measured"
             reached = f"{target['value']:g}: {'reached' if results['target_reached'] else 'not reached'}"
-        took = results.get("command_time_s")
+        took = "" if results.get("command_time_s") is None else f" {results['command_time_s']:.0f} s"
         rows.append(f"| {job.name} | `{overrides}` | {result} | {reached} | "
-                    f"{results['epochs_completed']} of {results['epochs']} |{'' if took is None else f' {took:.0f} s'} |")
+                    f"{results['epochs_completed']} of {results['epochs']} |{took} |")
     return "\n".join(rows)

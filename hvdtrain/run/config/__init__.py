@@ -2,8 +2,8 @@
 one before launch.
 
 Each section is a module of its own holding its dataclass, the values it allows and its check:
-recipe, cluster, model, data, optimizer, schedule, train, fault and slurm (with the top-level
-`launcher`). RunConfig puts them together. Hydra composes hvdtrain/conf/ onto it in the `hvdtrain`
+recipe, cluster, model, data, optimizer, schedule, train, fault, slurm (with the top-level
+`launcher`) and kubernetes. RunConfig puts them together. Hydra composes hvdtrain/conf/ onto it in the `hvdtrain`
 command (hvdtrain/launch/compose.py); OmegaConf rejects wrongly typed values there, and `validate`
 rejects values that are well typed but wrong (a negative LR, a warmup longer than training, a data
 root that is not there), naming every key at fault and what is allowed. Every rank reads the
@@ -17,11 +17,12 @@ from typing import Optional
 
 from omegaconf import OmegaConf
 
-from hvdtrain.run.config import cluster, data, fault, model, optimizer, recipe, schedule, slurm, train
+from hvdtrain.run.config import cluster, data, fault, kubernetes, model, optimizer, recipe, schedule, slurm, train
 from hvdtrain.run.config.checks import ConfigError, Problems, invalid
 from hvdtrain.run.config.cluster import ClusterConfig
 from hvdtrain.run.config.data import DataConfig
 from hvdtrain.run.config.fault import FaultConfig
+from hvdtrain.run.config.kubernetes import KubernetesConfig
 from hvdtrain.run.config.model import ModelConfig
 from hvdtrain.run.config.optimizer import OptimizerConfig
 from hvdtrain.run.config.recipe import RecipeConfig
@@ -42,15 +43,17 @@ class RunConfig:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
-    launcher: str = "local"  # local: start the job now, from here; slurm: submit it with sbatch
+    # local: start the job now, from here; slurm: submit it with sbatch; kubernetes: print its manifests
+    launcher: str = "local"
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
     dry_run: bool = False
     profile: bool = False  # measure one device's training step (hvdtrain/scaling/profile.py) for the plan's prediction
     resume: Optional[str] = None  # a run directory to continue
 
 
 # The sections whose keys a recipe or the command line must set, and the order their checks run in.
-SECTIONS = (recipe, cluster, model, data, optimizer, schedule, train, slurm, fault)
+SECTIONS = (recipe, cluster, model, data, optimizer, schedule, train, slurm, kubernetes, fault)
 REQUIRED = ("recipe", "cluster", "model", "data", "optimizer", "schedule", "train")
 
 # What `resume=RUN_DIR` may change of a run: train.epochs extends it; train.device moves it to
@@ -82,7 +85,7 @@ def config_hash(cfg):
     """Identifies what a checkpoint was trained with: everything but where and how it was launched
     and supervised."""
     training = {key: value for key, value in OmegaConf.to_container(cfg, resolve=True).items()
-                if key not in ("cluster", "fault", "launcher", "slurm", "dry_run", "profile", "resume")}
+                if key not in ("cluster", "fault", "launcher", "slurm", "kubernetes", "dry_run", "profile", "resume")}
     training["train"].pop("preempt_signal", None)  # how a run is stopped, not what it trains
     return hashlib.sha256(OmegaConf.to_yaml(OmegaConf.create(training)).encode()).hexdigest()[:16]
 

@@ -5,7 +5,8 @@ import re
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-LAUNCHERS = ("local", "slurm")  # launcher: start the job from here now, or submit it to Slurm
+# launcher: start the job from here now, submit it to Slurm, or print it for Kubernetes (kubernetes.py)
+LAUNCHERS = ("local", "slurm", "kubernetes")
 
 
 @dataclass
