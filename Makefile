@@ -3,7 +3,7 @@ VENV   := .venv
 PYTHON := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: run test image gpu-wheels bench bench-decode bench-horovod study calibrate slurm-times clean-venv
+.PHONY: run test image container-job gpu-wheels bench bench-decode bench-horovod study calibrate slurm-times clean-venv
 
 # uv installs the 8 GB of wheels (torch is a CUDA build) in about a minute where pip takes three.
 # It compiles the bytecode as pip does: every rank imports torch and TensorFlow from it, and where
@@ -29,6 +29,11 @@ test: $(STAMP)
 # podman; as root it installs podman, runc and debootstrap from Debian where they are missing.
 image: $(STAMP)
 	sh scripts/build_image.sh
+
+# The Kubernetes job's topology for real in podman containers (a launcher and two workers on a
+# network of their own), a worker killed and started again midway: scripts/container_job.py
+container-job: $(STAMP)
+	$(PYTHON) scripts/container_job.py
 
 # What the GPU check (scripts/gpu_check.sh) installs on a device machine beyond that machine's own
 # torch, torchvision, CuPy and mpi4py, for its Python 3.12, to carry there (about 7 MB): gpu_wheels/

@@ -28,7 +28,8 @@ from hvdtrain.launch.compose import CONF_DIR
 from hvdtrain.reporting.report import record_command_time
 from hvdtrain.run import devices, hosts
 from hvdtrain.run.config import ConfigError, validate
-from hvdtrain.run.job import PROGRESS_BAR_VARIABLE, inside_existing_job, launcher_rank, progress_bar_wanted
+from hvdtrain.run.job import (PROGRESS_BAR_VARIABLE, SUPERVISED, inside_existing_job, launcher_rank,
+                              progress_bar_wanted)
 from hvdtrain.run.plan import make_plan, printed
 from hvdtrain.run.preemption import clear_notice
 from hvdtrain.run.run_dir import claim_run_dir
@@ -186,6 +187,10 @@ def _launch_plan(cfg, run_dir):
     device = devices.planned(cfg, job_hosts, dry_run=cfg.dry_run)
     environment = mpirun.worker_environment(cfg.cluster.slots)
     environment.setdefault(PROGRESS_BAR_VARIABLE, "1" if sys.stderr.isatty() else "0")
+    # What the supervisor tells the ranks, here so that mpirun forwards it to other hosts too
+    for name, value in supervisor.worker_settings(cfg.fault).items():
+        environment.setdefault(name, value)
+    environment[SUPERVISED] = "1"
     program = [sys.executable, "-u", "-m", "hvdtrain.training.worker", str(run_dir.resolve())]
     if cfg.cluster.launcher == "srun":
         if "SLURM_JOB_ID" not in os.environ and not cfg.dry_run:

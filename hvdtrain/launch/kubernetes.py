@@ -171,7 +171,7 @@ def sshd_config(port, home):
 def worker(port):
     """A worker pod: an ssh server on `port`, as this user, in the foreground."""
     config = sshd_config(port, Path.home() / ".hvdtrain-sshd")
-    os.execv("/usr/sbin/sshd", ["sshd", "-D", "-e", "-f", str(config)])
+    os.execv("/usr/sbin/sshd", ["/usr/sbin/sshd", "-D", "-e", "-f", str(config)])  # sshd re-executes itself by its path
 
 
 def client_config(port, home=None):

@@ -41,7 +41,6 @@ from hvdtrain.core.exits import EXIT_COMMUNICATION, EXIT_PREEMPTED, NOT_RESTARTE
 from hvdtrain.launch import mpirun
 from hvdtrain.run import preemption
 from hvdtrain.run.config import ConfigError
-from hvdtrain.run.job import SUPERVISED
 from hvdtrain.run.run_dir import HEARTBEAT, clear_heartbeat, last_beat, update_saved_config
 from hvdtrain.training import checkpoint
 
@@ -102,8 +101,7 @@ def supervise(cfg, run_dir, plan, env, relaunch):
         signal.signal(watched, lambda signum, frame: preemption.post_notice(run_dir, signal.Signals(signum).name))
     while True:
         clear_heartbeat(run_dir)
-        outcome = watch(plan.launch_command, {**worker_settings(fault), **env, SUPERVISED: "1"}, run_dir,
-                        fault.stall_shutdown_s)
+        outcome = watch(plan.launch_command, env, run_dir, fault.stall_shutdown_s)
         reason = failure(outcome, run_dir, cfg)
         if reason is None:
             return 0
@@ -126,7 +124,14 @@ def supervise(cfg, run_dir, plan, env, relaunch):
                   f"so it stops here. {resume_hint}", file=sys.stderr, flush=True)
             return status
         hosts_before = plan.hosts
+        wait, waited = fault.restart_wait_s * 2 ** restarts, 0.0
         answering = mpirun.reachable_hosts(hosts_before, cfg.cluster.mpirun_args, env)
+        if len(answering) < len(hosts_before):
+            # A host may be on its way back (a pod or a node restarting): the wait before the
+            # restart is its time to answer again and keep its place.
+            time.sleep(wait)
+            waited = wait
+            answering = mpirun.reachable_hosts(hosts_before, cfg.cluster.mpirun_args, env)
         if len(answering) < len(hosts_before):
             try:
                 cfg, change = resized(cfg, hosts_before, answering)
@@ -138,10 +143,9 @@ def supervise(cfg, run_dir, plan, env, relaunch):
             print(f"hvdtrain: {change}", file=sys.stderr, flush=True)
         restarts += 1
         restart = record_restart(run_dir, restarts, reason, hosts_before, plan.hosts)
-        wait = fault.restart_wait_s * 2 ** (restarts - 1)
-        print(f"hvdtrain: {reason}; restart {restarts} of {fault.max_restarts} in {wait:g} s from step "
+        print(f"hvdtrain: {reason}; restart {restarts} of {fault.max_restarts} in {wait - waited:g} s from step "
               f"{restart.step} ({restart.steps_lost} steps lost)", file=sys.stderr, flush=True)
-        time.sleep(wait)
+        time.sleep(wait - waited)
         # Rank 0 prints the plan again as the job starts: say why, just before it.
         print(f"hvdtrain: restart {restarts} of {fault.max_restarts}: the job starts again from step {restart.step}",
               flush=True)

@@ -3,8 +3,8 @@ that end as a job would) and configs: failures a restart can fix are restarted u
 those a restart would meet again are not; a job that exits 0 unfinished is restarted; a restart
 loses the steps since the newest checkpoint; a job quiet in its training steps is stopped, one
 quiet outside them or exiting is not; the ranks' stall settings; a smaller world after
-lost hosts keeps the global batch, or rescales it where allowed, or stops; hosts are probed with
-the agent mpirun uses. Real jobs supervised: tests/parallel/launch/test_supervisor.py."""
+lost hosts keeps the global batch, or rescales it where allowed, or stops; a host back within the
+restart's wait keeps its place. Real jobs supervised: tests/parallel/launch/test_supervisor.py."""
 
 import contextlib
 import io
@@ -237,3 +237,20 @@ def test_fewer_hosts_left_than_fault_min_hosts_stop_the_run():
 def test_by_default_every_host_is_needed():
     with pytest.raises(ConfigError, match=r"fault.min_hosts=None"):
         supervisor.resized(compose("cluster=3x2"), THREE_HOSTS, THREE_HOSTS[:2])
+
+
+def test_a_host_back_within_the_restarts_wait_keeps_its_place(tmp_path, monkeypatch, capsys):
+    """A pod its StatefulSet starts again, a node rebooting: asked again after the wait, it answers."""
+    hosts = [Host("a", 2), Host("b", 2)]
+    answers = iter([hosts[:1], hosts])
+    monkeypatch.setattr(supervisor.mpirun, "reachable_hosts", lambda asked, args, env: next(answers))
+    slept = []
+    monkeypatch.setattr(supervisor.time, "sleep", slept.append)
+    cfg = compose("cluster=2x2", "cluster.hosts=[a,b]", "train.epochs=2", "fault.restart_wait_s=7",
+                  "fault.max_restarts=1")
+    plan = SimpleNamespace(launch_command=job_exiting(137), hosts=hosts)
+    assert supervisor.supervise(cfg, tmp_path, plan, dict(os.environ), relaunch=None) == 137
+    restart, = [r for r in history(tmp_path) if r["event"] == "restart"]
+    assert restart["hosts_after"] == ["a:2", "b:2"]
+    assert 7 in slept and sum(s for s in slept if s >= 1) == 7  # the wait asked host b again, once
+    assert "restart 1 of 1 in 0 s" in capsys.readouterr().err
