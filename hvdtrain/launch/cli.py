@@ -81,6 +81,7 @@ def _run_hydra_job(cfg):
 
 
 def run(cfg, run_dir):
+    global _waiting_since
     if inside_existing_job() and not (cfg.dry_run or cfg.profile):
         from hvdtrain.training import worker
 
@@ -129,7 +130,6 @@ def run(cfg, run_dir):
         sys.exit(130)
     if status:
         sys.exit(status)
-    global _waiting_since
     waited, _waiting_since = time.time() - _waiting_since, time.time()
     record_command_time(run_dir, waited)
     print(f"hvdtrain: this run took {waited:.1f} s from the command (set-up, restarts and the report included)",
