@@ -106,7 +106,7 @@ def supervise(cfg, run_dir, plan, env, relaunch):
         if reason is None:
             return 0
         status = outcome.returncode if outcome.returncode > 0 else 1  # mpirun stopped by the supervisor: < 0
-        resume_hint = f"Continue from the last checkpoint with: hvdtrain resume={run_dir}"
+        resume_hint = resume_advice(run_dir)
         notice = preemption.posted_notice(run_dir)
         if status == EXIT_PREEMPTED or notice:
             stopped = ("stopped with a checkpoint" if status == EXIT_PREEMPTED
@@ -149,6 +149,15 @@ def supervise(cfg, run_dir, plan, env, relaunch):
         # Rank 0 prints the plan again as the job starts: say why, just before it.
         print(f"hvdtrain: restart {restarts} of {fault.max_restarts}: the job starts again from step {restart.step}",
               flush=True)
+
+
+def resume_advice(run_dir):
+    """How to go on after the job stopped: from its newest checkpoint, or from its start where it
+    wrote none (the same command: resume= trains a run without one from its start)."""
+    newest = checkpoint.newest_metadata(Path(run_dir) / "checkpoints")
+    if newest is None:
+        return f"It wrote no checkpoint; start it again with: hvdtrain resume={run_dir}"
+    return f"Continue from the last checkpoint (step {newest['global_step']}) with: hvdtrain resume={run_dir}"
 
 
 def resized(cfg, hosts_before, hosts_after):

@@ -148,7 +148,7 @@ def test_an_error_on_the_ranks_says_why_it_is_not_restarted_and_how_to_continue(
     run_dir, result = failing_run
     assert "hvdtrain: the workers failed (mpirun exit status 3)" in result.stderr
     assert ("a rank raised an error that a restart would meet again, so the job is not restarted; their errors are "
-            f"above. Continue from the last checkpoint with: hvdtrain resume={run_dir}") in result.stderr
+            f"above. It wrote no checkpoint; start it again with: hvdtrain resume={run_dir}") in result.stderr
 
 
 def test_a_failed_job_leaves_no_process(failing_run):

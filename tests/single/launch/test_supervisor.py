@@ -96,7 +96,15 @@ def test_each_restart_says_so_where_the_plan_is_printed_again(restarted_to_the_l
 def test_the_last_failure_says_how_to_continue(restarted_to_the_limit, status):
     _, _, said, run_dir, _ = restarted_to_the_limit(status)
     assert (f"hvdtrain: {RESTARTED[status]}; restarted 2 times already (fault.max_restarts=2), so it stops here. "
-            f"Continue from the last checkpoint with: hvdtrain resume={run_dir}") in said
+            f"It wrote no checkpoint; start it again with: hvdtrain resume={run_dir}") in said
+
+
+def test_a_job_that_checkpointed_is_continued_from_its_newest_checkpoint(tmp_path):
+    metadata = checkpoint.metadata(compose(), epoch=1, step=3, global_step=25, world_size=2, metrics={},
+                                   elapsed_s=1.0, train_s=0.5)
+    checkpoint.save(tmp_path / "checkpoints", metadata, b"state", keep=3)
+    assert supervisor.resume_advice(tmp_path) == \
+        f"Continue from the last checkpoint (step 25) with: hvdtrain resume={tmp_path}"
 
 
 @pytest.mark.parametrize("status", [exits.EXIT_CONFIG, exits.EXIT_RANK_ERROR])
