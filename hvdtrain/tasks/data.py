@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
+from hvdtrain.run.config import ConfigError
+
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 DIGITS_SPLIT_SEED = 0  # the split is part of the data set, not of a run's randomness
@@ -41,7 +43,8 @@ def bundled_digits():
 
 
 def check_classes(data_cfg, train_classes, val_classes, num_classes):
-    """An ImageFolder tree's train/ and val/ must have the same classes, as many as the model."""
+    """An ImageFolder tree's train/ and val/ must have the same classes, as many as the model: a
+    ConfigError, which every rank reports in one line and no restart retries."""
     if list(train_classes) != list(val_classes) or len(train_classes) != num_classes:
-        raise ValueError(f"data.root={data_cfg.root}: train/ has {len(train_classes)} classes and val/ has "
-                         f"{len(val_classes)}, the model has {num_classes} (model.num_classes); they must agree")
+        raise ConfigError(f"data.root={data_cfg.root}: train/ has {len(train_classes)} classes and val/ has "
+                          f"{len(val_classes)}, the model has {num_classes} (model.num_classes); they must agree")

@@ -12,6 +12,7 @@ train.device=cuda run here, on every rank, since the `hvdtrain` command cannot s
 """
 
 import importlib
+import multiprocessing
 import os
 import sys
 import traceback
@@ -67,11 +68,11 @@ def _init_or_exit():
         core.init()
     except ValueError as error:
         print(f"hvdtrain: rank {launcher_rank()}: {error}", file=sys.stderr, flush=True)
-        os._exit(EXIT_CONFIG)
+        _exit_now(EXIT_CONFIG)
     except BaseException as error:
         print(f"hvdtrain: rank {launcher_rank()} could not start: {type(error).__name__}: {error}", file=sys.stderr,
               flush=True)
-        os._exit(exit_status(error))
+        _exit_now(exit_status(error))
 
 
 def _from_rank_0(decided, run_dir):
@@ -121,19 +122,26 @@ def _train_or_exit(cfg, run_dir):
         loop = importlib.import_module(f"hvdtrain.training.train_{cfg.recipe.framework}")
         loop.train(cfg, run_dir, device)
     except fault_tolerance.Preempted:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(EXIT_PREEMPTED)  # as below: the job ends here, whatever waits in atexit
+        _exit_now(EXIT_PREEMPTED)
     except (BadFile, ConfigError) as error:  # the data's or the config's fault, said in one line; no restart helps
         print(f"hvdtrain: rank {launcher_rank()}: {error}", file=sys.stderr, flush=True)
-        os._exit(EXIT_CONFIG if isinstance(error, ConfigError) else EXIT_RANK_ERROR)
+        _exit_now(EXIT_CONFIG if isinstance(error, ConfigError) else EXIT_RANK_ERROR)
     except BaseException as error:
         traceback.print_exc()
         print(f"hvdtrain: rank {launcher_rank()} failed: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
-        # Exit at once, past atexit: an orderly shutdown would wait for ranks that may be stuck
-        # in a collective with this one; mpirun then stops them. The status tells `hvdtrain`
-        # whether a restart can help.
-        os._exit(exit_status(error))
+        _exit_now(exit_status(error))
+
+
+def _exit_now(status):
+    """Exit at once, past atexit: an orderly shutdown would wait for ranks that may be stuck in a
+    collective with this one; mpirun then stops them. The status tells `hvdtrain` whether a
+    restart can help. The data loader's worker processes go first: orphaned, they would live on
+    until they noticed (torch's check their parent every 5 s)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    for child in multiprocessing.active_children():
+        child.kill()
+    os._exit(status)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 """Training runs that tests of several modules read, each run once a session (runs.py says what
-they are): the default recipe to the end, RUN crashed and resumed, a job whose ranks all fail,
-and CONSTANT as a Slurm job."""
+they are): the default recipe to the end, RUN crashed and resumed, a job that a rank's error
+stops, and CONSTANT as a Slurm job."""
+
+import shutil
 
 import pytest
 
@@ -31,13 +33,19 @@ def crashed_and_resumed(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def failing_run(tmp_path_factory, image_tree):
-    """An ImageFolder recipe whose data has more classes than its model: every rank raises the
-    same error. (run directory, what the command gave)."""
-    run_dir = tmp_path_factory.mktemp("failing") / "run"
-    result = run_hvdtrain("recipe=resnet50_imagenet", "cluster=local", f"data.root={image_tree}",
-                          "model.num_classes=5", "data.image_size=32", "data.resize_size=32",
+    """An ImageFolder recipe whose tree holds a file no decoder reads (data.bad_files=stop, the
+    default): the rank that meets it stops the job with an error a restart would meet again.
+    (run directory, what the command gave, the unreadable file)."""
+    where = tmp_path_factory.mktemp("failing")
+    root = where / "images"
+    shutil.copytree(image_tree, root)
+    broken = root / "train" / "red" / "broken.png"
+    broken.write_bytes(b"not an image")
+    run_dir = where / "run"
+    result = run_hvdtrain("recipe=resnet50_imagenet", "cluster=local", f"data.root={root}", "model.num_classes=3",
+                          "data.image_size=32", "data.resize_size=32", "data.loader_workers=1", "train.batch_size=4",
                           f"hydra.run.dir={run_dir}", timeout=TIMEOUT)
-    return run_dir, result
+    return run_dir, result, broken
 
 
 @pytest.fixture(scope="session")

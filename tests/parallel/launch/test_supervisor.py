@@ -135,22 +135,22 @@ def test_ctrl_c_stops_the_whole_job(interrupted):
 
 
 def test_an_error_on_the_ranks_ends_the_job_with_its_status(failing_run):
-    _, result = failing_run
+    _, result, _ = failing_run
     assert result.returncode == exits.EXIT_RANK_ERROR, result.stdout + result.stderr
 
 
 def test_an_error_on_the_ranks_is_not_restarted(failing_run):
-    _, result = failing_run
+    _, result, _ = failing_run
     assert "restart 1" not in result.stdout + result.stderr
 
 
 def test_an_error_on_the_ranks_says_why_it_is_not_restarted_and_how_to_continue(failing_run):
-    run_dir, result = failing_run
+    run_dir, result, _ = failing_run
     assert "hvdtrain: the workers failed (mpirun exit status 3)" in result.stderr
     assert ("a rank raised an error that a restart would meet again, so the job is not restarted; their errors are "
             f"above. It wrote no checkpoint; start it again with: hvdtrain resume={run_dir}") in result.stderr
 
 
 def test_a_failed_job_leaves_no_process(failing_run):
-    run_dir, _ = failing_run
+    run_dir, _, _ = failing_run
     assert not processes_mentioning(str(run_dir))
