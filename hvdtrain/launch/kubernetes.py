@@ -67,16 +67,17 @@ def manifests(cfg, overrides, keys):
     port = kubernetes.ssh_port
     private, public = keys
 
+    def labels(component=None):
+        marks = {"app.kubernetes.io/name": "hvdtrain", "app.kubernetes.io/instance": name}
+        return {**marks, "app.kubernetes.io/component": component} if component else marks
+
     def metadata(suffix, component=None):
-        labels = {"app.kubernetes.io/name": "hvdtrain", "app.kubernetes.io/instance": name}
-        if component:
-            labels["app.kubernetes.io/component"] = component
-        meta = {"name": f"{name}-{suffix}", "labels": labels}
+        meta = {"name": f"{name}-{suffix}", "labels": labels(component)}
         if kubernetes.namespace:
             meta["namespace"] = kubernetes.namespace
         return meta
 
-    workers = {"app.kubernetes.io/instance": name, "app.kubernetes.io/component": "worker"}
+    workers = labels("worker")
     mounts = [{"name": "ssh-keys", "mountPath": KEYS, "readOnly": True}, {"name": "runs", "mountPath": RUNS},
               {"name": "shm", "mountPath": "/dev/shm"}]  # torch's data loader workers share batches there
 
@@ -109,13 +110,10 @@ def manifests(cfg, overrides, keys):
         {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": metadata("worker", "worker"),
          "spec": {"serviceName": f"{name}-workers", "replicas": cfg.cluster.num_hosts,
                   "podManagementPolicy": "Parallel", "selector": {"matchLabels": workers},
-                  "template": {"metadata": {"labels": {"app.kubernetes.io/name": "hvdtrain", **workers}},
-                               "spec": pod_spec(worker)}}},
+                  "template": {"metadata": {"labels": workers}, "spec": pod_spec(worker)}}},
         {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata("launcher", "launcher"),
          "spec": {"backoffLimit": 2,
-                  "template": {"metadata": {"labels": {"app.kubernetes.io/name": "hvdtrain",
-                                                       "app.kubernetes.io/instance": name,
-                                                       "app.kubernetes.io/component": "launcher"}},
+                  "template": {"metadata": {"labels": labels("launcher")},
                                "spec": pod_spec(launcher, restartPolicy="Never")}}},
     ]
 

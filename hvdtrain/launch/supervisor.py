@@ -106,22 +106,23 @@ def supervise(cfg, run_dir, plan, env, relaunch):
         if reason is None:
             return 0
         status = outcome.returncode if outcome.returncode > 0 else 1  # mpirun stopped by the supervisor: < 0
-        resume_hint = resume_advice(run_dir)
         notice = preemption.posted_notice(run_dir)
         if status == EXIT_PREEMPTED or notice:
             stopped = ("stopped with a checkpoint" if status == EXIT_PREEMPTED
                        else f"ended before its ranks could checkpoint ({reason})")
             after = (f" {time.time() - notice.received_at:.1f} s after hvdtrain received {notice.signal_name}"
                      if notice else "")
-            print(f"hvdtrain: preempted: the job {stopped}{after}. {resume_hint}", file=sys.stderr, flush=True)
+            print(f"hvdtrain: preempted: the job {stopped}{after}. {resume_advice(run_dir)}", file=sys.stderr,
+                  flush=True)
             return EXIT_PREEMPTED if status == EXIT_PREEMPTED else status
         if status in NOT_RESTARTED and not outcome.stalled_s:
             print(f"hvdtrain: the workers failed (mpirun exit status {status}): {NOT_RESTARTED[status]}, "
-                  f"so the job is not restarted; their errors are above. {resume_hint}", file=sys.stderr, flush=True)
+                  f"so the job is not restarted; their errors are above. {resume_advice(run_dir)}", file=sys.stderr,
+                  flush=True)
             return status
         if restarts >= fault.max_restarts:
             print(f"hvdtrain: {reason}; restarted {restarts} times already (fault.max_restarts={fault.max_restarts}), "
-                  f"so it stops here. {resume_hint}", file=sys.stderr, flush=True)
+                  f"so it stops here. {resume_advice(run_dir)}", file=sys.stderr, flush=True)
             return status
         hosts_before = plan.hosts
         wait, waited = fault.restart_wait_s * 2 ** restarts, 0.0
@@ -136,7 +137,7 @@ def supervise(cfg, run_dir, plan, env, relaunch):
             try:
                 cfg, change = resized(cfg, hosts_before, answering)
             except ConfigError as error:
-                print(f"hvdtrain: {reason}; {error}. {resume_hint}", file=sys.stderr, flush=True)
+                print(f"hvdtrain: {reason}; {error}. {resume_advice(run_dir)}", file=sys.stderr, flush=True)
                 return status
             update_saved_config(Path(run_dir) / "config.yaml", {key: OmegaConf.select(cfg, key) for key in RESIZED_KEYS})
             plan, env = relaunch(cfg)
