@@ -11,18 +11,18 @@ STAMP  := $(VENV)/.installed-stamp
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PYTHON) || python3 -m venv $(VENV)
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check -c constraints.txt uv
-	$(VENV)/bin/uv pip install --quiet --python $(PYTHON) --compile-bytecode -c constraints.txt -e '.[mpi,tf,gpu,dev,slurm]'
+	$(VENV)/bin/uv pip install --quiet --python $(PYTHON) --compile-bytecode -c constraints.txt -e '.[mpi,tf,gpu,dev,slurm,ray,spark]'
 	@touch $(STAMP)
 
 run: $(STAMP)
 	$(VENV)/bin/hvdtrain
 
-# As root (as CI runs), the Slurm cluster tests' Debian packages are installed first; elsewhere,
+# As root (as CI runs), the Debian packages of the Slurm and Spark tests are installed first; elsewhere,
 # or where apt cannot reach Debian, those tests skip and say why. Two pytest-xdist workers, whose
 # groups tests/conftest.py sets: the suite is bound by the CPU that starting ranks takes, and a
 # third worker on 2 cores was slower, not faster.
 test: $(STAMP)
-	@[ "$$(id -u)" != 0 ] || sh scripts/install_slurm.sh || echo "make: Slurm's packages could not be installed"
+	@[ "$$(id -u)" != 0 ] || sh scripts/install_test_packages.sh || echo "make: the test clusters' Debian packages could not be installed"
 	$(PYTHON) -m pytest -q -n 2 --dist loadgroup
 
 # hvdtrain's image (Containerfile) for containers and Kubernetes (launcher=kubernetes), built with

@@ -139,10 +139,11 @@ def run(command, env=None, timeout=None, capture=False):
 
 
 @contextlib.contextmanager
-def started(command, env=None, capture=False, blocked_signals=(), stop_signal=signal.SIGTERM):
+def started(command, env=None, capture=False, blocked_signals=(), stop_signal=signal.SIGTERM, stdout=None, stderr=None):
     """A launcher command running in a session of its own, so that `stop` finds all of its job,
     with `blocked_signals` blocked in it and, as a blocked signal stays blocked across fork and
-    exec, in what it starts (see supervisor.watch). Leaving the block stops what still runs (with
+    exec, in what it starts (see supervisor.watch). Its output is captured (text, stderr in
+    stdout) or goes to `stdout` and `stderr` (Popen's). Leaving the block stops what still runs (with
     `stop_signal`, on an error or Ctrl-C).
 
     mpirun keeps its session directory (PMIx's rendezvous files, shared-memory segments) in a
@@ -157,8 +158,8 @@ def started(command, env=None, capture=False, blocked_signals=(), stop_signal=si
         process = subprocess.Popen(command, env=env, start_new_session=True, text=True,
                                    preexec_fn=(lambda: signal.pthread_sigmask(signal.SIG_BLOCK, blocked_signals))
                                    if blocked_signals else None,
-                                   stdout=subprocess.PIPE if capture else None,
-                                   stderr=subprocess.STDOUT if capture else None)
+                                   stdout=subprocess.PIPE if capture else stdout,
+                                   stderr=subprocess.STDOUT if capture else stderr)
         try:
             yield process
         finally:

@@ -13,7 +13,9 @@ import pytest
 
 from hvdtrain.run.hosts import Host
 from netns_cluster import AGENT, missing_requirements, netns_cluster as make_netns_cluster
+from ray_cluster import missing_requirements as missing_ray_requirements, ray_cluster as make_ray_cluster
 from slurm_cluster import missing_requirements as missing_slurm_requirements, slurm_cluster
+from spark_cluster import missing_requirements as missing_spark_requirements, spark_cluster as make_spark_cluster
 
 HOST_COUNT = 3
 
@@ -59,3 +61,41 @@ def slurm(tmp_path_factory):
         pytest.skip(f"the Slurm cluster tests are skipped: {missing}")
     with slurm_cluster(tmp_path_factory.mktemp("slurm")) as cluster:
         yield cluster
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(netns_cluster, tmp_path_factory):
+    """A Ray cluster (ray_cluster.py) on the hosts, this process its driver, for one test module."""
+    missing = missing_ray_requirements()
+    if missing:
+        pytest.skip(f"the Ray cluster tests are skipped: {missing}")
+    import ray
+
+    with make_ray_cluster(netns_cluster, tmp_path_factory.mktemp("ray")) as cluster:
+        ray.init(address=cluster.address)
+        try:
+            yield cluster
+        finally:
+            ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def spark_session(netns_cluster, tmp_path_factory):
+    """A Spark standalone cluster (spark_cluster.py) of 2 workers on the hosts, and this process
+    its driver, for one test module."""
+    missing = missing_spark_requirements()
+    if missing:
+        pytest.skip(f"the Spark cluster tests are skipped: {missing}")
+    from pyspark.sql import SparkSession
+
+    with make_spark_cluster(netns_cluster, tmp_path_factory.mktemp("spark")) as cluster, \
+            pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PYSPARK_PYTHON", sys.executable)
+        session = (SparkSession.builder.master(cluster.master).appName("hvdtrain-spark-cluster-tests")
+                   .config("spark.driver.host", cluster.driver_host)
+                   .config("spark.driver.bindAddress", cluster.driver_host)
+                   .config("spark.ui.enabled", "false").getOrCreate())
+        try:
+            yield cluster, session
+        finally:
+            session.stop()

@@ -1,0 +1,308 @@
+"""MPI ranks started through the processes of another engine (Ray actors, Spark tasks), not ssh.
+
+Ray and Spark already run a process of theirs on each host they chose for a job: an actor, a
+task. Each such process holds a RankRelay, and mpirun, on the driver, reaches every host through
+the relay of one of them: Open MPI calls its remote agent (plm_ssh_agent) as `AGENT HOST COMMAND`
+where it would call ssh, and our agent (`python -m hvdtrain.launch.relay agent`) asks HOST's
+relay to run COMMAND (Open MPI's daemon) there, passing back its output and exit status as ssh
+would. The ranks mpirun starts run `python -m hvdtrain.launch.relay rank`: each connects to the
+relay of its own actor or task and runs there, in a real MPI rank, the functions that the actor or
+task receives. So the engine chooses the hosts and holds the resources, and MPI runs the job.
+
+A relay runs commands it is sent, so every connection is authenticated with a key that only the
+driver and its processes know (multiprocessing's HMAC handshake).
+"""
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections import OrderedDict
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Client, Listener
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+import cloudpickle
+
+from hvdtrain.launch import mpirun
+from hvdtrain.run.hosts import Host
+
+KEY_VARIABLE = "HVDTRAIN_RELAY_KEY"
+RELAYS_VARIABLE = "HVDTRAIN_RANK_RELAYS"  # the relay of each rank, in rank order
+# The relay the agent reaches each host through, as HOST=RELAY,...: in the agent's environment,
+# not its command line, which Open MPI splits at commas and colons (it lists alternative agents).
+HOST_RELAYS_VARIABLE = "HVDTRAIN_HOST_RELAYS"
+AGENT_CONNECTION_FAILED = 255  # what ssh exits with when it cannot reach the host
+STOP_GRACE_S = 5.0
+
+
+class RankFailed(RuntimeError):
+    """A rank raised, or ended, while running a function it was sent; the message names the rank
+    and its host."""
+
+
+class RankEnded(RankFailed):
+    """A rank ended before it answered: killed, or stopped by the job because another rank failed."""
+
+
+class RankSeat(NamedTuple):
+    """Where a rank will run: its host (the address mpirun is given) and the relay of its process."""
+    host: str
+    relay: str
+
+
+def _address(text):
+    host, _, port = text.rpartition(":")
+    return host, int(port)
+
+
+class RankRelay:
+    """The relay of one rank, held by the engine's process (actor, task) on the rank's host."""
+
+    def __init__(self, host_address: str, key: bytes):
+        self._listener = Listener((host_address, 0), family="AF_INET", authkey=key)
+        self.address = "%s:%d" % self._listener.address
+        self._key = key
+        self._rank_links: "queue.Queue" = queue.Queue()
+        self._commands: List[subprocess.Popen] = []
+        self._closed = False
+        self.rank: Optional[int] = None
+        self.rank_environment: Dict[str, str] = {}
+        self._link = None
+        threading.Thread(target=self._accept, name="hvdtrain-relay", daemon=True).start()
+
+    def expect(self, rank: int, environment: Optional[Dict[str, str]] = None):
+        """This relay serves `rank`, whose process gets `environment` before it runs anything
+        (what the engine gave this process: its GPUs, the user's variables)."""
+        self.rank = rank
+        self.rank_environment = dict(environment or {})
+
+    def _accept(self):
+        while not self._closed:
+            try:
+                connection = self._listener.accept()
+            except (AuthenticationError, EOFError, ConnectionError):
+                continue  # a stranger, or a peer that went away during the handshake
+            except OSError:
+                return  # the listener was closed
+            threading.Thread(target=self._serve, args=(connection,), daemon=True).start()
+
+    def _serve(self, connection):
+        try:
+            kind, payload = connection.recv()
+        except (EOFError, OSError):
+            connection.close()
+            return
+        if kind == "run":
+            self._run_command(connection, payload)
+        elif kind == "rank":
+            self._rank_links.put((payload, connection))
+        else:
+            connection.close()
+
+    def _run_command(self, connection, words):
+        """Run a command as sshd would (its words joined and given to the shell), with this
+        Python's and mpirun's folders first on PATH; stream its output back; stop it when the
+        agent goes away (mpirun stops a daemon by ending its agent)."""
+        env = dict(os.environ)
+        folders = [os.path.dirname(sys.executable), os.path.dirname(mpirun.mpirun_executable())]
+        env["PATH"] = os.pathsep.join(folders + [env.get("PATH", "")])
+        process = subprocess.Popen(["/bin/sh", "-c", " ".join(words)], stdin=subprocess.DEVNULL,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                                   start_new_session=True)
+        self._commands.append(process)
+        sending = threading.Lock()
+
+        def pump(stream, kind):
+            for chunk in iter(lambda: stream.read1(65536), b""):
+                with sending:
+                    connection.send((kind, chunk))
+
+        pumps = [threading.Thread(target=pump, args=(process.stdout, "out"), daemon=True),
+                 threading.Thread(target=pump, args=(process.stderr, "err"), daemon=True)]
+        for thread in pumps:
+            thread.start()
+        threading.Thread(target=self._stop_when_gone, args=(connection, process), daemon=True).start()
+        try:
+            for thread in pumps:
+                thread.join()
+            code = process.wait()
+            with sending:
+                connection.send(("exit", code))
+        except OSError:
+            pass  # the agent went away; _stop_when_gone stops the command
+        finally:
+            connection.close()
+
+    @staticmethod
+    def _stop_when_gone(connection, process):
+        try:
+            connection.recv()  # the agent never sends after its request: this returns when it goes
+        except (EOFError, OSError):
+            pass
+        _stop_group(process)
+
+    def _rank_link(self, timeout_s):
+        if self._link is None:
+            try:
+                rank, link = self._rank_links.get(timeout=timeout_s)
+            except queue.Empty:
+                raise RankFailed(f"rank {self.rank} ({self.address}) did not start within {timeout_s:g} s") from None
+            if rank != self.rank:
+                link.close()
+                raise RankFailed(f"rank {rank} reached the relay of rank {self.rank} ({self.address}): "
+                                 "mpirun placed the ranks otherwise than asked")
+            link.send(("environment", self.rank_environment))
+            self._link = link
+        return self._link
+
+    def call(self, kind: str, payload, timeout_s: float):
+        """Have the rank run `payload` (kind "start": (class, args, kwargs), whose instance it
+        keeps; kind "execute": a function of that instance, None before any start) and return
+        the result; RankFailed if it raises or ends."""
+        link = self._rank_link(timeout_s)
+        try:
+            link.send((kind, cloudpickle.dumps(payload)))
+            answer = link.recv()
+        except (EOFError, OSError):
+            self._link = None
+            raise RankEnded(f"rank {self.rank} ({self.address}) ended before it answered; "
+                             "the job's output says why") from None
+        if answer[0] == "ok":
+            return cloudpickle.loads(answer[1])
+        _, error, text = answer
+        raise RankFailed(f"rank {self.rank} ({self.address}) failed: {text}") from error
+
+    def close(self, wait_s: float = 0.0):
+        """Let the rank end, wait up to `wait_s` for the commands this relay started (the host's
+        Open MPI daemon ends when the job does), then stop what is left."""
+        self._closed = True
+        if self._link is not None:
+            try:
+                self._link.send(("stop", None))
+            except OSError:
+                pass
+            self._link.close()
+        self._listener.close()
+        deadline = time.monotonic() + wait_s
+        for process in self._commands:
+            try:
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _stop_group(process)
+
+
+def _stop_group(process):
+    for signum in (signal.SIGTERM, signal.SIGKILL):
+        if process.poll() is not None:
+            return
+        try:
+            os.killpg(process.pid, signum)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def rank_hosts(seats: Sequence[RankSeat]) -> List[Host]:
+    """The hosts for mpirun, in rank order; ranks of one host must be consecutive, as mpirun
+    numbers them host by host."""
+    hosts: "OrderedDict[str, int]" = OrderedDict()
+    for index, seat in enumerate(seats):
+        if seat.host in hosts and seats[index - 1].host != seat.host:
+            raise ValueError(f"the ranks of host {seat.host} are not consecutive: {[s.host for s in seats]}")
+        hosts[seat.host] = hosts.get(seat.host, 0) + 1
+    return [Host(host, slots) for host, slots in hosts.items()]
+
+
+def mpirun_job(seats: Sequence[RankSeat], key: bytes, env: Optional[Dict[str, str]] = None,
+               extra_mpi_args: Sequence[str] = ()) -> Tuple[List[str], Dict[str, str]]:
+    """The mpirun command and environment that start one rank for each seat, reaching each host
+    through the relay of its first rank."""
+    hosts = rank_hosts(seats)
+    env = mpirun.worker_environment(max(host.slots for host in hosts), base=env)
+    env[KEY_VARIABLE] = key.hex()
+    env[RELAYS_VARIABLE] = ",".join(seat.relay for seat in seats)
+    first_relay = {}
+    for seat in seats:
+        first_relay.setdefault(seat.host, seat.relay)
+    env[HOST_RELAYS_VARIABLE] = ",".join(f"{host}={relay}" for host, relay in first_relay.items())
+    # mpirun itself starts every daemon (no tree spawn): the agent needs the environment given here.
+    command = mpirun.mpirun_command([sys.executable, "-m", "hvdtrain.launch.relay", "rank"], hosts=hosts, env=env,
+                                    extra_args=["--mca", "plm_ssh_agent", f"{sys.executable} -m {__name__} agent",
+                                                "--mca", "plm_ssh_no_tree_spawn", "1", *extra_mpi_args])
+    return command, env
+
+
+def agent(host: str, *words: str) -> int:
+    """Open MPI's remote agent: run `words` on `host` through its relay, as `ssh host words`."""
+    relays = dict(item.split("=", 1) for item in os.environ[HOST_RELAYS_VARIABLE].split(","))
+    if host not in relays:
+        print(f"hvdtrain relay agent: no relay for host {host!r} (relays: {', '.join(relays)})", file=sys.stderr)
+        return AGENT_CONNECTION_FAILED
+    try:
+        connection = Client(_address(relays[host]), family="AF_INET", authkey=bytes.fromhex(os.environ[KEY_VARIABLE]))
+        connection.send(("run", list(words)))
+        while True:
+            kind, data = connection.recv()
+            if kind == "exit":
+                return data
+            stream = sys.stdout if kind == "out" else sys.stderr
+            stream.buffer.write(data)
+            stream.flush()
+    except (OSError, EOFError, AuthenticationError) as error:
+        print(f"hvdtrain relay agent: the relay of host {host} ({relays[host]}) went away: {error}", file=sys.stderr)
+        return AGENT_CONNECTION_FAILED
+
+
+def rank() -> int:
+    """A rank: connect to this rank's relay, then run what it sends until it says stop or goes."""
+    rank_number = int(os.environ["OMPI_COMM_WORLD_RANK"])
+    relay = os.environ[RELAYS_VARIABLE].split(",")[rank_number]
+    link = Client(_address(relay), family="AF_INET", authkey=bytes.fromhex(os.environ[KEY_VARIABLE]))
+    link.send(("rank", rank_number))
+    executable = None
+    while True:
+        try:
+            kind, payload = link.recv()
+        except (EOFError, OSError):
+            return 0  # the relay went: the job is over
+        if kind == "stop":
+            return 0
+        if kind == "environment":
+            os.environ.update(payload)
+            continue
+        try:
+            function = cloudpickle.loads(payload)
+            if kind == "start":
+                cls, args, kwargs = function
+                executable = cls(*args, **kwargs) if cls is not None else None
+                result = None
+            else:
+                result = function(executable)
+            link.send(("ok", cloudpickle.dumps(result)))
+        except Exception as error:  # the function's error goes to the caller, with the rank's traceback
+            text = f"{type(error).__name__}: {error}\n{traceback.format_exc()}"
+            try:
+                link.send(("error", error, text))
+            except Exception:  # an error that does not pickle travels as its text
+                link.send(("error", None, text))
+
+
+def main(argv: Sequence[str]) -> int:
+    if argv[:1] == ["agent"] and len(argv) >= 2:
+        return agent(*argv[1:])
+    if argv == ["rank"]:
+        return rank()
+    print("usage: python -m hvdtrain.launch.relay agent HOST COMMAND... | rank", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

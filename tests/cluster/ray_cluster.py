@@ -1,0 +1,111 @@
+"""A real Ray cluster on this one machine, for tests that run hvdtrain.ray as a Ray user does.
+
+`ray_cluster(netns, work_dir)` starts it and stops all of it when its block ends, also on an error:
+
+- The head (`ray start --head`, no CPUs of its own, so that no worker is placed on it) in the root
+  namespace at the bridge's address: the test process, also in the root namespace, is the driver
+  and connects to it, as a driver on a cluster's head node does.
+- One worker node per network-namespace host of netns_cluster.py, at the host's address, each in a
+  UTS namespace of its own named after the host's namespace, so that `socket.gethostname()` tells
+  the hosts apart as on real machines; each offers CPUS_PER_NODE CPUs.
+- No token authentication (which `ray start --head` now turns on by default): Ray reads the
+  driver's auth settings once per process, when it is first imported, and the test process may
+  have imported it before; the cluster is reached only through its own bridge.
+"""
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Tuple
+
+from hvdtrain.launch.mpirun import session_members
+
+CPUS_PER_NODE = 2
+START_TIMEOUT_S = 120
+
+
+@dataclass(frozen=True)
+class RayCluster:
+    address: str  # the head's GCS address, for ray.init(address=...)
+    nodes: Tuple[Tuple[str, str], ...]  # (hostname, address) of each worker node
+    processes: Tuple[subprocess.Popen, ...]  # the `ray start --block` of the head, then of each node
+
+    def node_processes(self, index):
+        """The `ray start --block` of worker node `index`; killing its group takes the node down."""
+        return self.processes[1 + index]
+
+
+def missing_requirements():
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        return "Ray is not installed (pip install 'hvdtrain[ray]')"
+    return None
+
+
+def _free_port(address):
+    with socket.socket() as probe:
+        probe.bind((address, 0))
+        return probe.getsockname()[1]
+
+
+@contextlib.contextmanager
+def ray_cluster(netns, work_dir: Path):
+    ray = str(Path(sys.executable).with_name("ray"))
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0",
+               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    head_address = netns.subnet.replace(".0/24", ".1")
+    address = f"{head_address}:{_free_port(head_address)}"
+    processes = []
+    try:
+        processes.append(_start([ray, "start", "--block", "--head", f"--node-ip-address={head_address}",
+                                 f"--port={address.rpartition(':')[2]}", "--num-cpus=0", "--include-dashboard=false",
+                                 f"--temp-dir={work_dir / 'head'}"], env, work_dir / "head.log"))
+        for index, host in enumerate(netns.hosts):
+            processes.append(_start(
+                ["ip", "netns", "exec", host.namespace, "unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"',
+                 host.namespace, ray, "start", "--block", f"--address={address}", f"--node-ip-address={host.address}",
+                 f"--num-cpus={CPUS_PER_NODE}", f"--temp-dir={work_dir / f'node{index}'}"],
+                env, work_dir / f"node{index}.log"))
+        cluster = RayCluster(address, tuple((host.namespace, host.address) for host in netns.hosts), tuple(processes))
+        _wait_for_nodes(cluster, len(netns.hosts), work_dir)
+        yield cluster
+    finally:
+        for process in processes:
+            _stop(process)
+
+
+def _start(command, env, log):
+    return subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=open(log, "w"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _wait_for_nodes(cluster, count, work_dir):
+    """Until the head sees `count` worker nodes alive; RuntimeError naming the logs otherwise."""
+    import ray
+
+    ray.init(address=cluster.address)
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while sum(node["Alive"] and node["Resources"].get("CPU", 0) > 0 for node in ray.nodes()) < count:
+            stopped = [process.args[-1] for process in cluster.processes if process.poll() is not None]
+            if stopped or time.monotonic() > deadline:
+                raise RuntimeError(f"the Ray cluster did not start within {START_TIMEOUT_S} s; logs: {work_dir}")
+            time.sleep(0.5)
+    finally:
+        ray.shutdown()
+
+
+def _stop(process):
+    """The node goes at once, as a machine that is switched off: its processes are killed, all of
+    them in the session of its `ray start --block` (Ray's own stop takes 20 s a node)."""
+    for pid in [process.pid] + session_members(process.pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    process.wait()
