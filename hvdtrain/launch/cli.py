@@ -4,8 +4,9 @@ It composes the config once (Hydra: compose.py), checks it, derives the plan, wr
 config.yaml into the run directory, and then either trains in this process (when it already is a
 rank of an mpirun or srun job: hvdtrain/training/worker.py), submits it as a Slurm batch job
 (launcher=slurm: slurm.py), prints it as a Kubernetes job (launcher=kubernetes: kubernetes.py), or
-starts the workers with mpirun (or srun) and restarts them after
-failures that a restart can fix (supervisor.py); rank 0 loads that config.yaml and broadcasts
+starts the workers with mpirun (or srun; or mpirun on hosts a Ray cluster places,
+cluster.launcher=ray: ray_placement.py) and restarts them after failures that a restart can fix
+(supervisor.py); rank 0 loads that config.yaml and broadcasts
 it, and no worker composes its own. A resumed run, or a Slurm job started again, continues with
 its saved config (resume.py). `hvdtrain ls` and `hvdtrain cp` list the recipes and copy one
 (recipes.py).
@@ -23,7 +24,7 @@ from hydra._internal.utils import get_args_parser as hydra_args_parser  # hydra.
 from hydra.core.hydra_config import HydraConfig
 
 from hvdtrain.core.exits import EXIT_CONFIG
-from hvdtrain.launch import compose, kubernetes, mpirun, recipes, resume, slurm, supervisor
+from hvdtrain.launch import compose, kubernetes, mpirun, recipes, relay, resume, slurm, supervisor
 from hvdtrain.launch.compose import CONF_DIR
 from hvdtrain.reporting.report import record_command_time
 from hvdtrain.run import devices, hosts
@@ -116,24 +117,44 @@ def run(cfg, run_dir):
     if cfg.launcher == "slurm":
         _submit(cfg, run_dir)
         return
-    plan, environment = _launch_plan(cfg, run_dir)
-    claim_run_dir(cfg, run_dir)
-    print(f"hvdtrain: starting {plan.world_size} workers: {shlex.join(plan.launch_command)}", flush=True)
-    # A scheduler's SIGTERM stops the workers too, and so does SIGINT where the shell started us in
-    # the background, which leaves SIGINT ignored
-    for stop_signal in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(stop_signal, signal.default_int_handler)
+    ray_hosts = None
+    if cfg.cluster.launcher == "ray":
+        from hvdtrain.launch.ray_placement import RayHosts  # Ray: only for a run on Ray
+
+        ray_hosts = RayHosts(cfg.cluster)
     try:
-        status = supervisor.supervise(cfg, run_dir, plan, environment, relaunch=lambda cfg: _launch_plan(cfg, run_dir))
-    except KeyboardInterrupt:
-        print(f"\nhvdtrain: interrupted; continue with: hvdtrain resume={run_dir}", file=sys.stderr)
-        sys.exit(130)
+        status = _supervised(cfg, run_dir, ray_hosts)
+    finally:
+        if ray_hosts is not None:
+            ray_hosts.close()
     if status:
         sys.exit(status)
     waited, _waiting_since = time.time() - _waiting_since, time.time()
     record_command_time(run_dir, waited)
     print(f"hvdtrain: this run took {waited:.1f} s from the command (set-up, restarts and the report included)",
           flush=True)
+
+
+def _supervised(cfg, run_dir, ray_hosts):
+    """Start the workers and supervise them (supervisor.py); the exit status for `hvdtrain`."""
+    plan, environment = _launch_plan(cfg, run_dir, ray_hosts)
+    claim_run_dir(cfg, run_dir)
+    print(f"hvdtrain: starting {plan.world_size} workers: {shlex.join(plan.launch_command)}", flush=True)
+    # A scheduler's SIGTERM stops the workers too, and so does SIGINT where the shell started us in
+    # the background, which leaves SIGINT ignored
+    for stop_signal in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(stop_signal, signal.default_int_handler)
+
+    def placed_anew(cfg):
+        ray_hosts.place()
+        return _launch_plan(cfg, run_dir, ray_hosts)
+
+    try:
+        return supervisor.supervise(cfg, run_dir, plan, environment, relaunch=lambda cfg: _launch_plan(cfg, run_dir),
+                                    placed_anew=placed_anew if ray_hosts is not None else None)
+    except KeyboardInterrupt:
+        print(f"\nhvdtrain: interrupted; continue with: hvdtrain resume={run_dir}", file=sys.stderr)
+        sys.exit(130)
 
 
 def _checked_config(cfg, run_dir):
@@ -180,12 +201,21 @@ def _submit(cfg, run_dir):
           f"{run_dir}/slurm-{job}.out)", flush=True)
 
 
-def _launch_plan(cfg, run_dir):
+def _launch_plan(cfg, run_dir, ray_hosts=None):
     """The plan and the workers' environment; ConfigError where the hosts, or this machine's
-    devices, cannot carry the run (in a dry run, only where the hosts cannot)."""
-    job_hosts = hosts.resolve_hosts(cfg.cluster, dry_run=cfg.dry_run)
-    device = devices.planned(cfg, job_hosts, dry_run=cfg.dry_run)
+    devices, cannot carry the run (in a dry run, only where the hosts cannot). With
+    cluster.launcher=ray the hosts are those `ray_hosts` placed (a dry run names them `<ray
+    host0>`, ... and asks Ray nothing)."""
     environment = mpirun.worker_environment(cfg.cluster.slots)
+    reach_args = []
+    if cfg.cluster.launcher == "ray":
+        seats = [relay.RankSeat(f"<ray host{index}>", "<relay>") for index in range(cfg.cluster.num_hosts)
+                 for _ in range(cfg.cluster.slots)]
+        job_hosts, reach_args = (ray_hosts.mpirun_hosts(environment) if ray_hosts is not None
+                                 else relay.relayed(seats, b"", {}))
+    else:
+        job_hosts = hosts.resolve_hosts(cfg.cluster, dry_run=cfg.dry_run)
+    device = devices.planned(cfg, job_hosts, dry_run=cfg.dry_run)
     environment.setdefault(PROGRESS_BAR_VARIABLE, "1" if sys.stderr.isatty() else "0")
     # What the supervisor tells the ranks, here so that mpirun forwards it to other hosts too
     for name, value in supervisor.worker_settings(cfg.fault).items():
@@ -198,7 +228,8 @@ def _launch_plan(cfg, run_dir):
                               "allocation (salloc, sbatch, launcher=slurm), or use cluster.launcher=mpirun")
         command = slurm.srun_command(program, job_hosts)
     else:
-        command = mpirun.mpirun_command(program, job_hosts, env=environment, extra_args=list(cfg.cluster.mpirun_args))
+        command = mpirun.mpirun_command(program, job_hosts, env=environment,
+                                        extra_args=[*reach_args, *cfg.cluster.mpirun_args])
     return make_plan(cfg, job_hosts, device, command), environment
 
 

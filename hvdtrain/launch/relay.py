@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 import traceback
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Listener
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
@@ -221,22 +221,28 @@ def rank_hosts(seats: Sequence[RankSeat]) -> List[Host]:
     return [Host(host, slots) for host, slots in hosts.items()]
 
 
-def mpirun_job(seats: Sequence[RankSeat], key: bytes, env: Optional[Dict[str, str]] = None,
-               extra_mpi_args: Sequence[str] = ()) -> Tuple[List[str], Dict[str, str]]:
-    """The mpirun command and environment that start one rank for each seat, reaching each host
-    through the relay of its first rank."""
-    hosts = rank_hosts(seats)
-    env = mpirun.worker_environment(max(host.slots for host in hosts), base=env)
-    env[KEY_VARIABLE] = key.hex()
-    env[RELAYS_VARIABLE] = ",".join(seat.relay for seat in seats)
+def relayed(seats: Sequence[RankSeat], key: bytes, env: Dict[str, str]) -> Tuple[List[Host], List[str]]:
+    """The hosts and the mpirun arguments that reach each host through the relay of its first
+    rank; `env`, mpirun's environment, gets what the agent needs."""
     first_relay = {}
     for seat in seats:
         first_relay.setdefault(seat.host, seat.relay)
+    env[KEY_VARIABLE] = key.hex()
     env[HOST_RELAYS_VARIABLE] = ",".join(f"{host}={relay}" for host, relay in first_relay.items())
     # mpirun itself starts every daemon (no tree spawn): the agent needs the environment given here.
-    command = mpirun.mpirun_command([sys.executable, "-m", "hvdtrain.launch.relay", "rank"], hosts=hosts, env=env,
-                                    extra_args=["--mca", "plm_ssh_agent", f"{sys.executable} -m {__name__} agent",
-                                                "--mca", "plm_ssh_no_tree_spawn", "1", *extra_mpi_args])
+    return rank_hosts(seats), ["--mca", "plm_ssh_agent", f"{sys.executable} -m {__name__} agent",
+                               "--mca", "plm_ssh_no_tree_spawn", "1"]
+
+
+def mpirun_job(seats: Sequence[RankSeat], key: bytes, env: Optional[Dict[str, str]] = None,
+               extra_mpi_args: Sequence[str] = ()) -> Tuple[List[str], Dict[str, str]]:
+    """The mpirun command and environment that start one rank for each seat, each of which runs
+    what the relay of its seat sends it."""
+    env = mpirun.worker_environment(max(Counter(seat.host for seat in seats).values()), base=env)
+    hosts, relay_args = relayed(seats, key, env)
+    env[RELAYS_VARIABLE] = ",".join(seat.relay for seat in seats)
+    command = mpirun.mpirun_command([sys.executable, "-m", __name__, "rank"], hosts=hosts, env=env,
+                                    extra_args=[*relay_args, *extra_mpi_args])
     return command, env
 
 

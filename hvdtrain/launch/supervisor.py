@@ -88,10 +88,12 @@ class Restart:
     hosts_after: List[str]
 
 
-def supervise(cfg, run_dir, plan, env, relaunch):
+def supervise(cfg, run_dir, plan, env, relaunch, placed_anew=None):
     """Run the job of `plan` (its launch command in the environment `env`) until it finishes or
     fails for good; returns the exit status for `hvdtrain` (0 on success). Where hosts are lost,
-    `relaunch(cfg)` gives the (plan, environment) for the smaller world. Ctrl-C (and SIGTERM outside
+    `relaunch(cfg)` gives the (plan, environment) for the smaller world. Where the hosts are
+    placed by an engine that replaces lost ones (Ray), `placed_anew(cfg)` gives the (plan,
+    environment) on hosts placed again, before every restart, and no host is probed. Ctrl-C (and SIGTERM outside
     Slurm) stops the job and raises KeyboardInterrupt. A preemption notice (train.preempt_signal,
     and SIGTERM inside Slurm) goes on to rank 0, and the job is not restarted after it."""
     fault = cfg.fault
@@ -126,7 +128,15 @@ def supervise(cfg, run_dir, plan, env, relaunch):
             return status
         hosts_before = plan.hosts
         wait, waited = fault.restart_wait_s * 2 ** restarts, 0.0
-        answering = mpirun.reachable_hosts(hosts_before, cfg.cluster.mpirun_args, env)
+        if placed_anew is not None:
+            try:
+                plan, env = placed_anew(cfg)
+            except ConfigError as error:
+                print(f"hvdtrain: {reason}; {error}. {resume_advice(run_dir)}", file=sys.stderr, flush=True)
+                return status
+            answering = hosts_before  # the engine placed the whole world again
+        else:
+            answering = mpirun.reachable_hosts(hosts_before, cfg.cluster.mpirun_args, env)
         if len(answering) < len(hosts_before):
             # A host may be on its way back (a pod or a node restarting): the wait before the
             # restart is its time to answer again and keep its place.

@@ -1,8 +1,8 @@
 """Horovod 0.28's RayExecutor on hvdtrain: Ray places the workers, MPI runs them.
 
 Ray chooses the hosts and holds each worker's resources with a placement group, packed per host
-as Horovod placed them. Each worker is an actor holding the relay of one rank
-(hvdtrain/launch/relay.py): mpirun, started here on the driver, starts its daemons on the chosen
+as Horovod placed them (hvdtrain/launch/ray_placement.py). Each worker is an actor holding the
+relay of one rank (hvdtrain/launch/relay.py): mpirun, started here on the driver, starts its daemons on the chosen
 hosts through those actors, not ssh, and every rank it starts takes the functions its actor is
 sent. So `hvd.init()` inside a function sees the world, local and cross ranks that the placement
 implies, and the collectives run on hvdtrain's core between the hosts Ray chose.
@@ -15,11 +15,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional
 
 import ray
-from ray.util.placement_group import placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from hvdtrain.launch import mpirun
-from hvdtrain.launch.relay import RankEnded, RankFailed, RankSeat, RankRelay, mpirun_job
+from hvdtrain.launch.ray_placement import place
+from hvdtrain.launch.relay import RankEnded, RankFailed, mpirun_job
 
 
 @dataclass
@@ -31,31 +30,6 @@ class RaySettings:
     verbose: int = 1
     ssh_identity_file: Optional[str] = None  # accepted for Horovod's callers; no ssh is used
     ssh_str: Optional[str] = None
-
-
-@ray.remote
-class RankActor:
-    """One worker: holds its rank's relay on the node Ray placed it on."""
-
-    def __init__(self, key: bytes):
-        self.relay = RankRelay(ray.util.get_node_ip_address(), key)
-
-    def seat(self):
-        import os
-        environment = {name: os.environ[name] for name in ("CUDA_VISIBLE_DEVICES",) if name in os.environ}
-        return ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address(), self.relay.address, environment
-
-    def expect(self, rank: int, environment: Dict[str, str]):
-        self.relay.expect(rank, environment)
-
-    def start_executable(self, cls, args, kwargs, timeout_s: float):
-        self.relay.call("start", (cls, args, kwargs), timeout_s)
-
-    def execute(self, fn: Callable[[Any], Any], timeout_s: Optional[float] = None):
-        return self.relay.call("execute", fn, timeout_s)
-
-    def close(self):
-        self.relay.close()
 
 
 class RayExecutor:
@@ -92,35 +66,9 @@ class RayExecutor:
         self.gpus_per_worker = (gpus_per_worker or 1) if use_gpu else 0
         self.use_current_placement_group = use_current_placement_group
         self.workers: List[Any] = []  # the actors, in rank order
-        self._placement_group = None
+        self._placement = None
         self._job = contextlib.ExitStack()  # holds mpirun while the executor runs
         self._key = secrets.token_bytes(32)  # of this executor's relays
-
-    def _bundles(self):
-        worker = {"CPU": self.cpus_per_worker, **({"GPU": self.gpus_per_worker} if self.gpus_per_worker else {})}
-        if self.num_hosts is None:
-            return [worker] * self.num_workers, "PACK"
-        host = {name: amount * self.num_workers_per_host for name, amount in worker.items()}
-        return [host] * self.num_hosts, "STRICT_SPREAD"
-
-    def _place(self):
-        bundles, strategy = self._bundles()
-        group = placement_group(bundles, strategy=strategy)
-        ready, _ = ray.wait([group.ready()], timeout=self.settings.placement_group_timeout_s)
-        if not ready:
-            remove_placement_group(group)
-            asked = (f"{self.num_workers} workers of {bundles[0]}" if self.num_hosts is None else
-                     f"{self.num_hosts} hosts of {bundles[0]} ({self.num_workers_per_host} workers each)")
-            raise TimeoutError(f"hvdtrain.ray: Ray could not place {asked} within "
-                               f"placement_group_timeout_s={self.settings.placement_group_timeout_s:g} s: "
-                               f"the cluster has {_resources(ray.cluster_resources())}, "
-                               f"of which {_resources(ray.available_resources())} are free")
-        self._placement_group = group
-        per_bundle = 1 if self.num_hosts is None else self.num_workers_per_host
-        return [RankActor.options(num_cpus=self.cpus_per_worker, num_gpus=self.gpus_per_worker,
-                                  scheduling_strategy=PlacementGroupSchedulingStrategy(
-                                      group, placement_group_bundle_index=index // per_bundle)).remote(self._key)
-                for index in range(self.num_workers)]
 
     def start(self, executable_cls: type = None, executable_args: Optional[List] = None,
               executable_kwargs: Optional[Dict] = None, extra_env_vars: Optional[Dict] = None):
@@ -133,24 +81,21 @@ class RayExecutor:
             raise
 
     def _start(self, executable_cls, executable_args, executable_kwargs, extra_env_vars):
-        actors = self._place()
-        self.workers = actors  # given back by shutdown() if the start fails from here
-        seats = self._get([actor.seat.remote() for actor in actors], "to start")
-        # Ranks host by host, hosts in the order Ray gave their first worker: mpirun numbers the
-        # ranks so, and local and cross ranks follow from it.
-        nodes = list(dict.fromkeys(node for node, *_ in seats))
-        order = sorted(range(len(actors)), key=lambda index: (nodes.index(seats[index][0]), index))
-        self.workers = [actors[index] for index in order]
-        placed = [seats[index] for index in order]
+        try:
+            self._placement = place(self._key, self.settings.placement_group_timeout_s, self.cpus_per_worker,
+                                    self.gpus_per_worker, num_workers=None if self.num_hosts else self.num_workers,
+                                    num_hosts=self.num_hosts, workers_per_host=self.num_workers_per_host)
+        except TimeoutError as error:
+            raise TimeoutError(f"hvdtrain.ray: {error} (placement_group_timeout_s)") from None
+        self.workers = self._placement.workers
         extra = {name: str(value) for name, value in (extra_env_vars or {}).items()}
-        self._get([worker.expect.remote(rank, {**environment, **extra})
-                   for rank, (worker, (_, _, _, environment)) in enumerate(zip(self.workers, placed, strict=True))], "to start")
+        self._get([worker.expect.remote(rank, {**environment, **extra}) for rank, (worker, environment)
+                   in enumerate(zip(self.workers, self._placement.environments, strict=True))], "to start")
         nic_args = []
         if self.settings.nics:
             interfaces = ",".join(sorted(self.settings.nics))
             nic_args = ["--mca", "oob_tcp_if_include", interfaces, "--mca", "btl_tcp_if_include", interfaces]
-        command, env = mpirun_job([RankSeat(host, relay) for _, host, relay, _ in placed], self._key,
-                                  extra_mpi_args=nic_args)
+        command, env = mpirun_job(self._placement.seats, self._key, extra_mpi_args=nic_args)
         if self.settings.verbose >= 2:
             print("hvdtrain.ray:", " ".join(command), file=sys.stderr)
         self._job.enter_context(mpirun.started(command, env=env))
@@ -185,7 +130,7 @@ class RayExecutor:
         """The workers' results in rank order. On a failure, the most telling of the failures
         that come within a second: a worker that died, then a function that raised, then a rank
         that ended because another did. Every call ends: a relay notices its rank's end at once."""
-        pending = dict(zip(refs, range(len(refs))))
+        pending = {ref: rank for rank, ref in enumerate(refs)}
         failures = []
         while pending:
             done, _ = ray.wait(list(pending), num_returns=1, timeout=1.0 if failures else None)
@@ -211,17 +156,7 @@ class RayExecutor:
             with contextlib.suppress(Exception):
                 ray.get(worker.close.remote(), timeout=10)
         self._job.close()
-        for worker in self.workers:
-            ray.kill(worker)
+        if self._placement is not None:
+            self._placement.close()
+            self._placement = None
         self.workers = []
-        if self._placement_group is not None:
-            remove_placement_group(self._placement_group)
-            self._placement_group = None
-
-
-def _resources(resources):
-    # CPUs, GPUs and custom resources; not memory, nor the per-node and placement-group entries.
-    shown = {name: amount for name, amount in resources.items()
-             if name not in ("memory", "object_store_memory") and not name.startswith(("node:", "accelerator_type:"))
-             and "_group_" not in name}
-    return "{" + ", ".join(f"{name}: {amount:g}" for name, amount in sorted(shown.items())) + "}"

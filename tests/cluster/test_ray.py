@@ -2,7 +2,10 @@
 (ray_cluster.py): Ray places the workers, mpirun starts the ranks through them, and the ranks
 run the driver's functions with exact collectives between the hosts."""
 
+import os
+import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -107,8 +110,9 @@ def test_num_workers_are_packed_onto_as_few_hosts_as_fit(ray_cluster):
 
 def test_a_gpu_request_is_refused_naming_what_the_cluster_has(ray_cluster):
     started = time.monotonic()
-    with pytest.raises(TimeoutError, match=r"could not place 2 workers of \{'CPU': 1, 'GPU': 1\} within "
-                                           r"placement_group_timeout_s=3 s: the cluster has \{CPU: 6\}"):
+    with pytest.raises(TimeoutError, match=r"hvdtrain.ray: Ray could not place 2 workers of \{'CPU': 1, 'GPU': 1\} "
+                                           r"within 3 s: the cluster has 4 nodes with \{CPU: 6\}, of which \{CPU: 6\} are free "
+                                           r"\(placement_group_timeout_s\)"):
         RayExecutor(settings(placement_group_timeout_s=3), num_workers=2, use_gpu=True).start()
     assert time.monotonic() - started < 15
 
@@ -153,3 +157,60 @@ def test_a_dead_worker_ends_the_call_with_an_error_not_a_hang(executor):
         executor.run(waits_in_collectives)
     killer.join()
     assert time.monotonic() - started < 30
+
+
+# `hvdtrain ... cluster=ray`: a recipe on the Ray cluster, supervised as an mpirun launch is.
+
+RECIPE_SETTINGS = ["train.log_every_steps=2", "train.checkpoint_every_s=0.000001", "fault.restart_wait_s=0.5"]
+
+
+def started_hosts(output):
+    """The hosts of the first launch, from `hvdtrain: starting N workers: mpirun ... -H HOST:SLOTS,...`."""
+    launch = next(line for line in output.splitlines() if line.startswith("hvdtrain: starting "))
+    words = launch.split()
+    return [entry.rpartition(":")[0] for entry in words[words.index("-H") + 1].split(",")]
+
+
+def test_a_recipe_on_ray_trains_to_its_target_on_two_hosts_ray_chose(ray_cluster, tmp_path):
+    from support.commands import results_of, run_hvdtrain
+
+    done = run_hvdtrain("cluster=ray", f"cluster.ray.address={ray_cluster.address}", *RECIPE_SETTINGS,
+                        f"hydra.run.dir={tmp_path / 'run'}", timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    hosts = started_hosts(done.stdout)
+    assert len(set(hosts)) == 2 and set(hosts) <= {address for _, address in ray_cluster.nodes}
+    results = results_of(tmp_path / "run")
+    assert (results["world_size"], results["epochs_completed"], results["target_reached"]) == (2, 12, True)
+
+
+def test_a_node_lost_midway_is_replaced_by_ray_and_the_run_finishes(netns_cluster, ray_cluster, tmp_path):
+    """All processes of the node of rank 1 are killed (as a machine that goes down): the job
+    fails, hvdtrain places its workers again (Ray puts them on the node left free) and the run
+    restarts from its newest checkpoint and finishes. Last in this module: the node stays down."""
+    from support.commands import results_of, wait_until
+
+    run_dir = tmp_path / "run"
+    with open(tmp_path / "run.log", "w+") as log:
+        process = subprocess.Popen([sys.executable, "-m", "hvdtrain.launch.cli", "cluster=ray",
+                                    f"cluster.ray.address={ray_cluster.address}", *RECIPE_SETTINGS,
+                                    f"hydra.run.dir={run_dir}"], stdout=log, stderr=subprocess.STDOUT, text=True)
+        try:
+            wait_until(lambda: len(list((run_dir / "checkpoints").glob("step-*.ckpt"))) >= 3, 180, "3 checkpoints")
+            log.seek(0)
+            lost_address = started_hosts(log.read())[1]
+            lost = next(host for host in netns_cluster.hosts if host.address == lost_address)
+            for pid in lost.processes():
+                os.kill(pid, signal.SIGKILL)
+            process.wait(timeout=240)
+        finally:
+            if process.poll() is None:
+                process.kill()
+        log.seek(0)
+        output = log.read()
+    assert process.returncode == 0, output
+    assert "hvdtrain: restart 1 of 3: the job starts again from step" in output
+    results = results_of(run_dir)
+    assert (results["epochs_completed"], results["target_reached"]) == (12, True)
+    [restart] = results["restarts"]
+    assert f"{lost_address}:1" in restart["hosts_before"] and f"{lost_address}:1" not in restart["hosts_after"]
+    assert len(restart["hosts_after"]) == 2

@@ -6,7 +6,7 @@ from typing import List, Optional
 
 from omegaconf import MISSING
 
-RANK_LAUNCHERS = ("mpirun", "srun")  # cluster.launcher: what starts the ranks
+RANK_LAUNCHERS = ("mpirun", "srun", "ray")  # cluster.launcher: what starts the ranks
 
 # What one step of a ring costs over a network, in NCCL's own performance model: NCCL 2.5.6,
 # src/graph/tuning.cc, hwLat[NET][Ring][Simple] = 6.6 us (Simple: the protocol of large buffers).
@@ -25,6 +25,15 @@ class NetworkConfig:
 
 
 @dataclass
+class RayConfig:
+    """cluster.launcher=ray: Ray places the hosts' workers (hvdtrain/launch/ray_placement.py)."""
+    address: str = "auto"  # the cluster's, as ray.init takes it: auto finds the one this machine is in
+    cpus_per_worker: int = 1
+    gpus_per_worker: int = 0
+    placement_timeout_s: float = 100.0  # for Ray to find the resources, at the start and at each restart
+
+
+@dataclass
 class ClusterConfig:
     name: str = MISSING
     num_hosts: int = 1
@@ -33,8 +42,10 @@ class ClusterConfig:
     hostfile: Optional[str] = None
     mpirun_args: List[str] = field(default_factory=list)
     # What starts the ranks: mpirun (inside a Slurm allocation, Open MPI starts its daemons with
-    # Slurm's own launcher), or srun, which starts every rank as a task of a Slurm job step
+    # Slurm's own launcher), srun, which starts every rank as a task of a Slurm job step, or ray:
+    # mpirun on hosts that a Ray cluster chooses, its daemons started through Ray's workers.
     launcher: str = "mpirun"
+    ray: RayConfig = field(default_factory=RayConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
 
 
@@ -50,3 +61,9 @@ def check(cfg, problems):
         problems.check(network[key] is None or network[key] >= 0, f"cluster.network.{key}",
                        "must be microseconds (0 or more) or null")
     problems.check(cluster.launcher in RANK_LAUNCHERS, "cluster.launcher", f"allowed: {', '.join(RANK_LAUNCHERS)}")
+    if cluster.launcher == "ray":
+        problems.check(not cluster.hosts and not cluster.hostfile, "cluster.hosts",
+                       "cluster.launcher=ray: Ray chooses the hosts; give none")
+        problems.check(cluster.ray.cpus_per_worker >= 1, "cluster.ray.cpus_per_worker", "must be at least 1")
+        problems.check(cluster.ray.gpus_per_worker >= 0, "cluster.ray.gpus_per_worker", "must be 0 or more")
+        problems.check(cluster.ray.placement_timeout_s > 0, "cluster.ray.placement_timeout_s", "must be positive")
