@@ -43,7 +43,7 @@ class RayExecutor:
                            ssh_identity_file=ssh_identity_file, ssh_str=ssh_str)
 
     def __init__(self, settings, num_workers: Optional[int] = None, num_hosts: Optional[int] = None,
-                 num_workers_per_host: int = 1, cpus_per_worker: int = 1, use_gpu: bool = False,
+                 num_workers_per_host: Optional[int] = None, cpus_per_worker: int = 1, use_gpu: bool = False,
                  gpus_per_worker: Optional[int] = None, use_current_placement_group: bool = True,
                  min_workers: Optional[int] = None, max_workers: Optional[int] = None, **elastic_options):
         if min_workers is not None or max_workers is not None or elastic_options:
@@ -59,6 +59,7 @@ class RayExecutor:
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         self.settings = settings or RaySettings()
+        num_workers_per_host = num_workers_per_host or 1
         self.num_workers = num_workers if num_workers is not None else num_hosts * num_workers_per_host
         self.num_hosts = num_hosts
         self.num_workers_per_host = num_workers_per_host
