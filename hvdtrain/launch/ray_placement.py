@@ -21,10 +21,6 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from hvdtrain.launch.relay import RankRelay, RankSeat, relayed
 from hvdtrain.run.config import ConfigError
 
-# The GPUs Ray gave a worker: its rank gets them too, since mpirun starts the ranks, not Ray.
-ENGINE_VARIABLES = ("CUDA_VISIBLE_DEVICES",)
-
-
 @ray.remote
 class RankActor:
     """One worker: holds its rank's relay on the node Ray placed it on."""
@@ -33,8 +29,8 @@ class RankActor:
         self.relay = RankRelay(ray.util.get_node_ip_address(), key)
 
     def seat(self):
-        environment = {name: os.environ[name] for name in ENGINE_VARIABLES if name in os.environ}
-        return ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address(), self.relay.address, environment
+        return (ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address(), self.relay.address,
+                [str(gpu) for gpu in ray.get_gpu_ids()])
 
     def expect(self, rank: int, environment: Dict[str, str]):
         self.relay.expect(rank, environment)
@@ -54,6 +50,7 @@ class Placement:
     """Placed workers in rank order (host by host, hosts in the order Ray gave their first
     worker, as mpirun numbers ranks), with where each sits and what its rank should inherit."""
     group: Any
+    owned: bool  # made for these workers (and removed with them), not the caller's own
     workers: List[Any] = field(default_factory=list)
     seats: List[RankSeat] = field(default_factory=list)
     environments: List[Dict[str, str]] = field(default_factory=list)
@@ -62,15 +59,21 @@ class Placement:
         """Give back the workers (their relays stop what they started) and their resources."""
         for worker in self.workers:
             ray.kill(worker)
-        remove_placement_group(self.group)
+        if self.owned:
+            remove_placement_group(self.group)
 
 
 def place(key: bytes, timeout_s: float, cpus_per_worker: int = 1, gpus_per_worker: int = 0,
-          num_workers: Optional[int] = None, num_hosts: Optional[int] = None, workers_per_host: int = 1) -> Placement:
+          num_workers: Optional[int] = None, num_hosts: Optional[int] = None, workers_per_host: int = 1,
+          group=None) -> Placement:
     """Workers for `num_workers` ranks packed (PACK), or for `num_hosts` hosts of
     `workers_per_host` (STRICT_SPREAD); TimeoutError naming what was asked and what the cluster
     has where Ray cannot place them within `timeout_s`. Workers on a node that died before they
-    answered are placed again within the same time."""
+    answered are placed again within the same time. `num_workers` workers go into `group`, a
+    placement group of the caller's (a Ray Tune trial's), where one is given.
+
+    Every rank of a node sees the GPUs Ray gave all the node's workers (CUDA_VISIBLE_DEVICES, in
+    rank order), so that a rank takes its GPU by its local rank, as Horovod's Ray workers did."""
     worker = {"CPU": cpus_per_worker, **({"GPU": gpus_per_worker} if gpus_per_worker else {})}
     if num_hosts is None:
         bundles, strategy, per_bundle = [worker] * num_workers, "PACK", 1
@@ -80,20 +83,23 @@ def place(key: bytes, timeout_s: float, cpus_per_worker: int = 1, gpus_per_worke
         bundles, strategy, per_bundle = [host] * num_hosts, "STRICT_SPREAD", workers_per_host
         asked = f"{num_hosts} hosts of {host} ({workers_per_host} worker{'s' * (workers_per_host > 1)} each)"
     deadline = time.monotonic() + timeout_s
+    given = group
     while True:
-        group = placement_group(bundles, strategy=strategy)
+        group = given or placement_group(bundles, strategy=strategy)
         ready, _ = ray.wait([group.ready()], timeout=max(0.0, deadline - time.monotonic()))
         if not ready:
-            remove_placement_group(group)
+            if given is None:
+                remove_placement_group(group)
             nodes = sum(node["Alive"] for node in ray.nodes())
             raise TimeoutError(f"Ray could not place {asked} within {timeout_s:g} s: the cluster has {nodes} "
                                f"node{'s' * (nodes != 1)} with {_shown(ray.cluster_resources())}, of which "
                                f"{_shown(ray.available_resources())} are free")
         workers = [RankActor.options(num_cpus=cpus_per_worker, num_gpus=gpus_per_worker,
                                      scheduling_strategy=PlacementGroupSchedulingStrategy(
-                                         group, placement_group_bundle_index=index // per_bundle)).remote(key)
+                                         group, placement_group_bundle_index=-1 if given else index // per_bundle)
+                                     ).remote(key)
                    for index in range(len(bundles) * per_bundle)]
-        placement = Placement(group, workers)
+        placement = Placement(group, given is None, workers)
         try:
             seats = ray.get([worker.seat.remote() for worker in workers],
                             timeout=max(1.0, deadline - time.monotonic()))
@@ -104,9 +110,15 @@ def place(key: bytes, timeout_s: float, cpus_per_worker: int = 1, gpus_per_worke
             continue
         nodes = list(dict.fromkeys(node for node, *_ in seats))
         order = sorted(range(len(workers)), key=lambda index: (nodes.index(seats[index][0]), index))
+        node_gpus: Dict[str, List[str]] = {}
+        for index in order:
+            node_gpus.setdefault(seats[index][0], []).extend(seats[index][3])
         placement.workers = [workers[index] for index in order]
         placement.seats = [RankSeat(seats[index][1], seats[index][2]) for index in order]
-        placement.environments = [seats[index][3] for index in order]
+        placement.environments = [{"CUDA_VISIBLE_DEVICES": ",".join(node_gpus[seats[index][0]])}
+                                  if node_gpus[seats[index][0]] else {} for index in order]
+        ray.get([worker.expect.remote(rank, environment) for rank, (worker, environment)
+                 in enumerate(zip(placement.workers, placement.environments, strict=True))])
         return placement
 
 

@@ -77,7 +77,8 @@ class RankRelay:
 
     def expect(self, rank: int, environment: Optional[Dict[str, str]] = None):
         """This relay serves `rank`, whose process gets `environment` before it runs anything
-        (what the engine gave this process: its GPUs, the user's variables)."""
+        (what the engine gave the host's processes: their GPUs; the user's variables), as do the
+        commands it runs (Open MPI's daemon, whose ranks inherit it)."""
         self.rank = rank
         self.rank_environment = dict(environment or {})
 
@@ -108,7 +109,7 @@ class RankRelay:
         """Run a command as sshd would (its words joined and given to the shell), with this
         Python's and mpirun's folders first on PATH; stream its output back; stop it when the
         agent goes away (mpirun stops a daemon by ending its agent)."""
-        env = dict(os.environ)
+        env = {**os.environ, **self.rank_environment}
         folders = [os.path.dirname(sys.executable), os.path.dirname(mpirun.mpirun_executable())]
         env["PATH"] = os.pathsep.join(folders + [env.get("PATH", "")])
         process = subprocess.Popen(["/bin/sh", "-c", " ".join(words)], stdin=subprocess.DEVNULL,

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional
 
 import ray
+from ray.util.placement_group import get_current_placement_group
 
 from hvdtrain.launch import mpirun
 from hvdtrain.launch.ray_placement import place
@@ -82,10 +83,14 @@ class RayExecutor:
             raise
 
     def _start(self, executable_cls, executable_args, executable_kwargs, extra_env_vars):
+        # As Horovod's: packed workers go into the placement group this runs in (a Ray Tune
+        # trial's), where there is one and use_current_placement_group is set.
+        current = get_current_placement_group() if self.use_current_placement_group and not self.num_hosts else None
         try:
             self._placement = place(self._key, self.settings.placement_group_timeout_s, self.cpus_per_worker,
                                     self.gpus_per_worker, num_workers=None if self.num_hosts else self.num_workers,
-                                    num_hosts=self.num_hosts, workers_per_host=self.num_workers_per_host)
+                                    num_hosts=self.num_hosts, workers_per_host=self.num_workers_per_host,
+                                    group=current)
         except TimeoutError as error:
             raise TimeoutError(f"hvdtrain.ray: {error} (placement_group_timeout_s)") from None
         self.workers = self._placement.workers

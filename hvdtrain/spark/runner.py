@@ -33,8 +33,9 @@ def run(fn: Callable[..., Any], args: Sequence = (), kwargs: Optional[Dict] = No
     """Run `fn(*args, **kwargs)` on `num_proc` ranks (default: Spark's default parallelism), one
     Spark task each; its results in rank order. `env` is the ranks' environment (default this
     process's); `stdout`/`stderr` take the job's output (default this process's own);
-    `extra_mpi_args` is added to mpirun's command line. A rank that raises fails the call with
-    RankFailed naming it."""
+    `extra_mpi_args` is added to mpirun's command line; `prefix_output_with_timestamp` has mpirun
+    stamp each line of the ranks' output. A rank that raises fails the call with RankFailed
+    naming it."""
     from pyspark import SparkContext
 
     context = SparkContext._active_spark_context
@@ -53,9 +54,10 @@ def run(fn: Callable[..., Any], args: Sequence = (), kwargs: Optional[Dict] = No
         tasks.sort(key=lambda task: (hosts.index(task[1]), task[0]))
         for rank, (_, _, _, connection) in enumerate(tasks):
             connection.send((rank, {}))
+        stamps = ["--output", "timestamp"] if prefix_output_with_timestamp else []
         command, job_env = mpirun_job([RankSeat(host, relay) for _, host, relay, _ in tasks], key,
                                       env=os.environ if env is None else env,
-                                      extra_mpi_args=(extra_mpi_args or "").split())
+                                      extra_mpi_args=stamps + (extra_mpi_args or "").split())
         if verbose >= 2:
             print("hvdtrain.spark:", " ".join(command), file=sys.stderr)
         with mpirun.started(command, env=job_env, stdout=subprocess.PIPE if stdout else None,

@@ -15,10 +15,12 @@
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,7 +59,11 @@ def _free_port(address):
 
 @contextlib.contextmanager
 def ray_cluster(netns, work_dir: Path):
+    """The cluster, its logs in `work_dir`."""
     ray = str(Path(sys.executable).with_name("ray"))
+    # Ray's session directories hold Unix sockets, whose paths may not pass 107 bytes: pytest's
+    # temporary directories are too deep for them.
+    sessions = Path(tempfile.mkdtemp(prefix="hvtray"))
     env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0",
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     head_address = netns.subnet.replace(".0/24", ".1")
@@ -66,12 +72,12 @@ def ray_cluster(netns, work_dir: Path):
     try:
         processes.append(_start([ray, "start", "--block", "--head", f"--node-ip-address={head_address}",
                                  f"--port={address.rpartition(':')[2]}", "--num-cpus=0", "--include-dashboard=false",
-                                 f"--temp-dir={work_dir / 'head'}"], env, work_dir / "head.log"))
+                                 f"--temp-dir={sessions / 'head'}"], env, work_dir / "head.log"))
         for index, host in enumerate(netns.hosts):
             processes.append(_start(
                 ["ip", "netns", "exec", host.namespace, "unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"',
                  host.namespace, ray, "start", "--block", f"--address={address}", f"--node-ip-address={host.address}",
-                 f"--num-cpus={CPUS_PER_NODE}", f"--temp-dir={work_dir / f'node{index}'}"],
+                 f"--num-cpus={CPUS_PER_NODE}", f"--temp-dir={sessions / f'node{index}'}"],
                 env, work_dir / f"node{index}.log"))
         cluster = RayCluster(address, tuple((host.namespace, host.address) for host in netns.hosts), tuple(processes))
         _wait_for_nodes(cluster, len(netns.hosts), work_dir)
@@ -79,6 +85,7 @@ def ray_cluster(netns, work_dir: Path):
     finally:
         for process in processes:
             _stop(process)
+        shutil.rmtree(sessions, ignore_errors=True)
 
 
 def _start(command, env, log):
@@ -87,17 +94,29 @@ def _start(command, env, log):
 
 
 def _wait_for_nodes(cluster, count, work_dir):
-    """Until the head sees `count` worker nodes alive; RuntimeError naming the logs otherwise."""
+    """Until the head sees `count` worker nodes alive; RuntimeError naming the logs as soon as a
+    node's process ends, or after START_TIMEOUT_S (ray.init itself would wait minutes for a
+    head that is not up)."""
     import ray
 
+    deadline = time.monotonic() + START_TIMEOUT_S
+
+    def check():
+        if any(process.poll() is not None for process in cluster.processes) or time.monotonic() > deadline:
+            raise RuntimeError(f"the Ray cluster did not start within {START_TIMEOUT_S} s; logs: {work_dir}")
+        time.sleep(0.5)
+
+    host, _, port = cluster.address.rpartition(":")
+    while True:
+        try:
+            socket.create_connection((host, int(port)), timeout=1.0).close()
+            break
+        except OSError:
+            check()
     ray.init(address=cluster.address)
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
         while sum(node["Alive"] and node["Resources"].get("CPU", 0) > 0 for node in ray.nodes()) < count:
-            stopped = [process.args[-1] for process in cluster.processes if process.poll() is not None]
-            if stopped or time.monotonic() > deadline:
-                raise RuntimeError(f"the Ray cluster did not start within {START_TIMEOUT_S} s; logs: {work_dir}")
-            time.sleep(0.5)
+            check()
     finally:
         ray.shutdown()
 

@@ -13,6 +13,8 @@ import time
 import numpy as np
 import pytest
 import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from hvdtrain.ray import RankFailed, RayExecutor
 
@@ -54,6 +56,7 @@ class Counter:
 def rank_of_this_process():
     from hvdtrain import core
 
+    core.init()  # again, where a call before did: as hvd.init(), it changes nothing then
     return core.rank()
 
 
@@ -108,10 +111,36 @@ def test_num_workers_are_packed_onto_as_few_hosts_as_fit(ray_cluster):
     assert [s["summed"][1] for s in summaries] == [3, 3, 3]
 
 
+def test_packed_workers_go_into_the_placement_group_they_are_started_in(ray_cluster):
+    """As in a Ray Tune trial: the executor, started by a task of a placement group, places its
+    workers in that group's bundles (use_current_placement_group) and takes no CPU besides."""
+    group = placement_group([{"CPU": 1}, {"CPU": 1}], strategy="STRICT_PACK")
+    ray.get(group.ready(), timeout=60)
+    try:
+        in_group = PlacementGroupSchedulingStrategy(group, placement_group_capture_child_tasks=True)
+        free_outside, ranks = ray.get(trial_in_placement_group.options(scheduling_strategy=in_group).remote(),
+                                      timeout=180)
+    finally:
+        remove_placement_group(group)
+    assert ranks == [0, 1]
+    assert free_outside == 6 - 2  # the group's 2 CPUs held, none taken by a group of the executor's own
+
+
+@ray.remote(num_cpus=0)
+def trial_in_placement_group():
+    executor = RayExecutor(settings(), num_workers=2)
+    executor.start()
+    try:
+        return ray.available_resources().get("CPU", 0), executor.run(rank_of_this_process)
+    finally:
+        executor.shutdown()
+
+
 def test_a_gpu_request_is_refused_naming_what_the_cluster_has(ray_cluster):
     started = time.monotonic()
     with pytest.raises(TimeoutError, match=r"hvdtrain.ray: Ray could not place 2 workers of \{'CPU': 1, 'GPU': 1\} "
-                                           r"within 3 s: the cluster has 4 nodes with \{CPU: 6\}, of which \{CPU: 6\} are free "
+                                           r"within 3 s: the cluster has 4 nodes with \{CPU: 6\}, "
+                                           r"of which \{CPU: 6\} are free "
                                            r"\(placement_group_timeout_s\)"):
         RayExecutor(settings(placement_group_timeout_s=3), num_workers=2, use_gpu=True).start()
     assert time.monotonic() - started < 15

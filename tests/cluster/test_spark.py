@@ -11,6 +11,7 @@ import pytest
 pyspark = pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'hvdtrain[spark]')")
 
 import hvdtrain.spark  # noqa: E402
+from hvdtrain.spark import RankFailed  # noqa: E402
 
 pyspark.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the executors cannot import this module
 
@@ -44,3 +45,18 @@ def test_collectives_between_the_hosts_are_exact(summaries):
     expected = np.arange(1 << 16, dtype=np.int64) * (1 + 2 + 3 + 4)
     for summary in summaries:
         np.testing.assert_array_equal(summary["summed"], expected, err_msg=f"rank {summary['rank']}")
+
+
+def fails_on_the_second_host():
+    from hvdtrain import core
+
+    core.init()
+    core.allreduce_async(np.ones(4), name="every host is up", op=core.ReduceOp.SUM).wait()
+    if core.cross_rank() == 1 and core.local_rank() == 0:
+        raise ValueError(f"rank {core.rank()} on {socket.gethostname()} refuses on purpose")
+    return core.rank()
+
+
+def test_a_rank_that_raises_on_another_host_fails_the_call_naming_it(spark_session):
+    with pytest.raises(RankFailed, match=r"rank 2 \(\S+\) failed: ValueError: rank 2 on hvt\w+ refuses on purpose"):
+        hvdtrain.spark.run(fails_on_the_second_host, num_proc=4)

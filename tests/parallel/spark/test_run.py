@@ -2,6 +2,7 @@
 one rank per task of a barrier stage, started by mpirun through the tasks, results in rank order."""
 
 import io
+import re
 import sys
 import time
 
@@ -46,6 +47,13 @@ def test_run_returns_each_rank_result_in_rank_order_and_its_output(spark):
     assert [(s["rank"], s["size"], s["local_rank"]) for s in summaries] == [(0, 2, 0), (1, 2, 1)]
     assert all(s["summed"] == [0, 3, 6, 9] for s in summaries)
     assert {"rank 0 says hello", "rank 1 says hello"} <= set(output.getvalue().splitlines())
+
+
+def test_output_lines_can_carry_a_timestamp(spark):
+    output = io.StringIO()
+    hvdtrain.spark.run(ranks_summary, args=(0,), stdout=output, prefix_output_with_timestamp=True)
+    stamped = [line for line in output.getvalue().splitlines() if line.endswith("says hello")]
+    assert len(stamped) == 2 and all(re.match(r"\[\w{3} \w{3} +\d+ [\d:]{8} \d{4}\]", line) for line in stamped), stamped
 
 
 def test_num_proc_defaults_to_the_default_parallelism_and_kwargs_reach_fn(spark):

@@ -35,7 +35,7 @@ ONE_LINE_ERRORS = {
                                                   "(LARS's eta, e.g. 0.001)"),
     "an unknown preempt signal": (["train.preempt_signal=SIGUSR1"], "train.preempt_signal='SIGUSR1': allowed: USR1, "
                                                                     "USR2, TERM (a signal's name without SIG), or null"),
-    "an unknown rank launcher": (["cluster.launcher=ssh"], "cluster.launcher='ssh': allowed: mpirun, srun"),
+    "an unknown rank launcher": (["cluster.launcher=ssh"], "cluster.launcher='ssh': allowed: mpirun, srun, ray"),
     "an unknown launcher": (["launcher=pbs"], "launcher='pbs': allowed: local, slurm, kubernetes"),
     "a time limit sbatch cannot read": (["launcher=slurm", "slurm.time=2h"],
                                         "slurm.time='2h': must be a time limit as sbatch takes it: MINUTES, HH:MM:SS "

@@ -27,7 +27,7 @@ TRAIN_KEYS = ", ".join(f"train.{key}" for key in (
     "epochs", "batch_size", "backward_passes_per_step", "autocast", "device", "channels_last", "cudnn_benchmark",
     "seed", "log_every_steps", "eval_every_epochs", "checkpoint_every_steps", "checkpoint_every_s", "keep_checkpoints",
     "preempt_signal"))
-LAYOUTS = "1x1, 1x2, 1x4, 1x8, 2x4, 2x8, 4x4, 4x8, 8x8, 16x8, 32x4, 32x8, local, or any HOSTSxSLOTS such as 3x2"
+LAYOUTS = "1x1, 1x2, 1x4, 1x8, 2x4, 2x8, 4x4, 4x8, 8x8, 16x8, 32x4, 32x8, local, ray, or any HOSTSxSLOTS such as 3x2"
 
 ONE_LINE_ERRORS = {
     "key added with +, misspelt": (["+optimzer.base_lr=0.5"],

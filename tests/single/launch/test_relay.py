@@ -39,6 +39,11 @@ def test_the_agent_runs_the_command_on_the_host_as_ssh_would(relay):
     assert (done.stdout, done.stderr, done.returncode) == ("out\n", "err\n", 7)
 
 
+def test_the_command_runs_with_the_environment_the_engine_gave_the_host(relay):
+    relay.expect(0, {"CUDA_VISIBLE_DEVICES": "2,3"})
+    assert run_agent("hostA", ["echo", "$CUDA_VISIBLE_DEVICES"], relay.address).stdout == "2,3\n"
+
+
 def test_the_agent_for_a_host_without_a_relay_fails_as_ssh_does_naming_it(relay):
     done = run_agent("hostB", ["true"], relay.address)
     assert done.returncode == relays.AGENT_CONNECTION_FAILED
