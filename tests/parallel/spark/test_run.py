@@ -53,7 +53,8 @@ def test_output_lines_can_carry_a_timestamp(spark):
     output = io.StringIO()
     hvdtrain.spark.run(ranks_summary, args=(0,), stdout=output, prefix_output_with_timestamp=True)
     stamped = [line for line in output.getvalue().splitlines() if line.endswith("says hello")]
-    assert len(stamped) == 2 and all(re.match(r"\[\w{3} \w{3} +\d+ [\d:]{8} \d{4}\]", line) for line in stamped), stamped
+    assert len(stamped) == 2, output.getvalue()
+    assert all(re.match(r"\[\w{3} \w{3} +\d+ [\d:]{8} \d{4}\]", line) for line in stamped), stamped
 
 
 def test_num_proc_defaults_to_the_default_parallelism_and_kwargs_reach_fn(spark):
