@@ -17,8 +17,11 @@ TESTS = Path(__file__).parent
 # Under `pytest -n N --dist loadgroup` (make test) a group runs in one worker: each file is a
 # group, so that its module fixtures are made once; the files that read the training runs of
 # tests/parallel/conftest.py are one, so that each run is trained once; and the cluster's files are
-# one, as a session has one set of network-namespace hosts and one Slurm cluster.
+# one, as a session has one set of network-namespace hosts and one Slurm cluster, except those that
+# start an engine of their own on the hosts (Ray, Spark): each of them is a group, which another
+# worker may take, making hosts of its own in a second or two.
 SHARED_RUNS = TESTS / "parallel" / "conftest.py"
+OWN_ENGINE_FIXTURES = ("ray_cluster", "spark_session")
 
 
 def _reads_shared_runs(item):
@@ -29,8 +32,9 @@ def _reads_shared_runs(item):
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(items):
     groups = {item.path: item.path.relative_to(TESTS).as_posix() for item in items}
+    own_engine = {item.path for item in items if set(OWN_ENGINE_FIXTURES) & set(item.fixturenames)}
     for item in items:
-        if item.path.is_relative_to(TESTS / "cluster"):
+        if item.path.is_relative_to(TESTS / "cluster") and item.path not in own_engine:
             groups[item.path] = "cluster"
         elif _reads_shared_runs(item):
             groups[item.path] = "shared runs"
