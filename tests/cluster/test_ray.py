@@ -200,22 +200,11 @@ def started_hosts(output):
     return [entry.rpartition(":")[0] for entry in words[words.index("-H") + 1].split(",")]
 
 
-def test_a_recipe_on_ray_trains_to_its_target_on_two_hosts_ray_chose(ray_cluster, tmp_path):
-    from support.commands import results_of, run_hvdtrain
-
-    done = run_hvdtrain("cluster=ray", f"cluster.ray.address={ray_cluster.address}", *RECIPE_SETTINGS,
-                        f"hydra.run.dir={tmp_path / 'run'}", timeout=240)
-    assert done.returncode == 0, done.stdout + done.stderr
-    hosts = started_hosts(done.stdout)
-    assert len(set(hosts)) == 2 and set(hosts) <= {address for _, address in ray_cluster.nodes}
-    results = results_of(tmp_path / "run")
-    assert (results["world_size"], results["epochs_completed"], results["target_reached"]) == (2, 12, True)
-
-
-def test_a_node_lost_midway_is_replaced_by_ray_and_the_run_finishes(netns_cluster, ray_cluster, tmp_path):
-    """All processes of the node of rank 1 are killed (as a machine that goes down): the job
-    fails, hvdtrain places its workers again (Ray puts them on the node left free) and the run
-    restarts from its newest checkpoint and finishes. Last in this module: the node stays down."""
+def test_a_recipe_on_ray_trains_to_its_target_also_when_a_node_is_lost_midway(netns_cluster, ray_cluster, tmp_path):
+    """`hvdtrain cluster=ray` trains on 2 nodes that Ray chose. All processes of the node of rank
+    1 are killed midway (as a machine that goes down): the job fails, hvdtrain places its workers
+    again (Ray puts them on the node left free), and the run restarts from its newest checkpoint
+    and reaches its target. Last in this module: the node stays down."""
     from support.commands import results_of, wait_until
 
     run_dir = tmp_path / "run"
@@ -226,7 +215,9 @@ def test_a_node_lost_midway_is_replaced_by_ray_and_the_run_finishes(netns_cluste
         try:
             wait_until(lambda: len(list((run_dir / "checkpoints").glob("step-*.ckpt"))) >= 3, 180, "3 checkpoints")
             log.seek(0)
-            lost_address = started_hosts(log.read())[1]
+            hosts = started_hosts(log.read())
+            assert len(set(hosts)) == 2 and set(hosts) <= {address for _, address in ray_cluster.nodes}, hosts
+            lost_address = hosts[1]
             lost = next(host for host in netns_cluster.hosts if host.address == lost_address)
             for pid in lost.processes():
                 os.kill(pid, signal.SIGKILL)
@@ -239,7 +230,7 @@ def test_a_node_lost_midway_is_replaced_by_ray_and_the_run_finishes(netns_cluste
     assert process.returncode == 0, output
     assert "hvdtrain: restart 1 of 3: the job starts again from step" in output
     results = results_of(run_dir)
-    assert (results["epochs_completed"], results["target_reached"]) == (12, True)
+    assert (results["world_size"], results["epochs_completed"], results["target_reached"]) == (2, 12, True)
     [restart] = results["restarts"]
     assert f"{lost_address}:1" in restart["hosts_before"] and f"{lost_address}:1" not in restart["hosts_after"]
     assert len(restart["hosts_after"]) == 2
