@@ -58,7 +58,7 @@ def missing_requirements():
         return missing
     absent = [program for program in SLURM_PROGRAMS if program_path(program) is None]
     if absent:
-        return f"Slurm or munge is not installed ({', '.join(absent)} not found): run scripts/install_slurm.sh as root"
+        return f"Slurm or munge is not installed ({', '.join(absent)} not found): run scripts/install_test_packages.sh as root"
     if program_path("nsenter") is None:
         return "the Slurm hosts need nsenter (util-linux) on PATH"
     return None

@@ -86,7 +86,7 @@ def test_srun_starts_mpi_ranks_itself_over_pmix(slurm, allreduce):
     # with "can not load PMIx library" without it.
     require_mpi()
     if not glob.glob("/usr/lib/*/pmix2/lib/libpmix.so"):
-        pytest.skip("srun --mpi=pmix needs libpmix-dev: run scripts/install_slurm.sh as root")
+        pytest.skip("srun --mpi=pmix needs libpmix-dev: run scripts/install_test_packages.sh as root")
     result = slurm.run("srun", "--nodes=2", "--ntasks-per-node=1", "--mpi=pmix",
                        PYTHON, str(allreduce), timeout=60)
     assert ranks_by_host(result.stdout) == {name: 3 for name in slurm.node_names}
