@@ -66,7 +66,6 @@ class RankRelay:
     def __init__(self, host_address: str, key: bytes):
         self._listener = Listener((host_address, 0), family="AF_INET", authkey=key)
         self.address = "%s:%d" % self._listener.address
-        self._key = key
         self._rank_links: "queue.Queue" = queue.Queue()
         self._commands: List[subprocess.Popen] = []
         self._closed = False
@@ -119,9 +118,12 @@ class RankRelay:
         sending = threading.Lock()
 
         def pump(stream, kind):
-            for chunk in iter(lambda: stream.read1(65536), b""):
-                with sending:
-                    connection.send((kind, chunk))
+            try:
+                for chunk in iter(lambda: stream.read1(65536), b""):
+                    with sending:
+                        connection.send((kind, chunk))
+            except OSError:
+                pass  # the agent went away; _stop_when_gone stops the command
 
         pumps = [threading.Thread(target=pump, args=(process.stdout, "out"), daemon=True),
                  threading.Thread(target=pump, args=(process.stderr, "err"), daemon=True)]
@@ -135,7 +137,7 @@ class RankRelay:
             with sending:
                 connection.send(("exit", code))
         except OSError:
-            pass  # the agent went away; _stop_when_gone stops the command
+            pass  # as above
         finally:
             connection.close()
 
