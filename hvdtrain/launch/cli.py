@@ -208,11 +208,12 @@ def _launch_plan(cfg, run_dir, ray_hosts=None):
     host0>`, ... and asks Ray nothing)."""
     environment = mpirun.worker_environment(cfg.cluster.slots)
     reach_args = []
-    if cfg.cluster.launcher == "ray":
+    if ray_hosts is not None:
+        job_hosts, reach_args = ray_hosts.mpirun_hosts(environment)
+    elif cfg.cluster.launcher == "ray":  # a dry run
         seats = [relay.RankSeat(f"<ray host{index}>", "<relay>") for index in range(cfg.cluster.num_hosts)
                  for _ in range(cfg.cluster.slots)]
-        job_hosts, reach_args = (ray_hosts.mpirun_hosts(environment) if ray_hosts is not None
-                                 else relay.relayed(seats, b"", {}))
+        job_hosts, reach_args = relay.relayed(seats, b"", {})
     else:
         job_hosts = hosts.resolve_hosts(cfg.cluster, dry_run=cfg.dry_run)
     device = devices.planned(cfg, job_hosts, dry_run=cfg.dry_run)

@@ -18,7 +18,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from hvdtrain.launch.relay import RankRelay, RankSeat, relayed
+from hvdtrain.launch.relay import RankRelay, RankSeat, host_by_host, relayed
 from hvdtrain.run.config import ConfigError
 
 @ray.remote
@@ -65,7 +65,7 @@ class Placement:
 
 def place(key: bytes, timeout_s: float, cpus_per_worker: int = 1, gpus_per_worker: int = 0,
           num_workers: Optional[int] = None, num_hosts: Optional[int] = None, workers_per_host: int = 1,
-          group=None) -> Placement:
+          group=None, environment: Optional[Dict[str, str]] = None) -> Placement:
     """Workers for `num_workers` ranks packed (PACK), or for `num_hosts` hosts of
     `workers_per_host` (STRICT_SPREAD); TimeoutError naming what was asked and what the cluster
     has where Ray cannot place them within `timeout_s`. Workers on a node that died before they
@@ -73,7 +73,8 @@ def place(key: bytes, timeout_s: float, cpus_per_worker: int = 1, gpus_per_worke
     placement group of the caller's (a Ray Tune trial's), where one is given.
 
     Every rank of a node sees the GPUs Ray gave all the node's workers (CUDA_VISIBLE_DEVICES, in
-    rank order), so that a rank takes its GPU by its local rank, as Horovod's Ray workers did."""
+    rank order), so that a rank takes its GPU by its local rank, as Horovod's Ray workers did;
+    `environment` (the user's variables) comes on top."""
     worker = {"CPU": cpus_per_worker, **({"GPU": gpus_per_worker} if gpus_per_worker else {})}
     if num_hosts is None:
         bundles, strategy, per_bundle = [worker] * num_workers, "PACK", 1
@@ -108,15 +109,15 @@ def place(key: bytes, timeout_s: float, cpus_per_worker: int = 1, gpus_per_worke
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"Ray placed {asked}, but not all of them started within {timeout_s:g} s") from None
             continue
-        nodes = list(dict.fromkeys(node for node, *_ in seats))
-        order = sorted(range(len(workers)), key=lambda index: (nodes.index(seats[index][0]), index))
+        order = host_by_host([node for node, *_ in seats])
         node_gpus: Dict[str, List[str]] = {}
         for index in order:
             node_gpus.setdefault(seats[index][0], []).extend(seats[index][3])
         placement.workers = [workers[index] for index in order]
         placement.seats = [RankSeat(seats[index][1], seats[index][2]) for index in order]
-        placement.environments = [{"CUDA_VISIBLE_DEVICES": ",".join(node_gpus[seats[index][0]])}
-                                  if node_gpus[seats[index][0]] else {} for index in order]
+        placement.environments = [{**({"CUDA_VISIBLE_DEVICES": ",".join(node_gpus[seats[index][0]])}
+                                       if node_gpus[seats[index][0]] else {}), **(environment or {})}
+                                  for index in order]
         ray.get([worker.expect.remote(rank, environment) for rank, (worker, environment)
                  in enumerate(zip(placement.workers, placement.environments, strict=True))])
         return placement

@@ -213,6 +213,15 @@ def _stop_group(process):
             pass
 
 
+def host_by_host(hosts: Sequence[str]) -> List[int]:
+    """The indices of `hosts` in rank order, as mpirun numbers ranks: host by host, hosts in the
+    order of their first appearance, and each host's own in their order."""
+    first: Dict[str, int] = {}
+    for host in hosts:
+        first.setdefault(host, len(first))
+    return sorted(range(len(hosts)), key=lambda index: (first[hosts[index]], index))
+
+
 def rank_hosts(seats: Sequence[RankSeat]) -> List[Host]:
     """The hosts for mpirun, in rank order; ranks of one host must be consecutive, as mpirun
     numbers them host by host."""

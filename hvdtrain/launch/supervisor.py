@@ -128,30 +128,14 @@ def supervise(cfg, run_dir, plan, env, relaunch, placed_anew=None):
             return status
         hosts_before = plan.hosts
         wait, waited = fault.restart_wait_s * 2 ** restarts, 0.0
-        if placed_anew is not None:
-            try:
+        try:
+            if placed_anew is not None:  # the engine places the whole world again
                 plan, env = placed_anew(cfg)
-            except ConfigError as error:
-                print(f"hvdtrain: {reason}; {error}. {resume_advice(run_dir)}", file=sys.stderr, flush=True)
-                return status
-            answering = hosts_before  # the engine placed the whole world again
-        else:
-            answering = mpirun.reachable_hosts(hosts_before, cfg.cluster.mpirun_args, env)
-        if len(answering) < len(hosts_before):
-            # A host may be on its way back (a pod or a node restarting): the wait before the
-            # restart is its time to answer again and keep its place.
-            time.sleep(wait)
-            waited = wait
-            answering = mpirun.reachable_hosts(hosts_before, cfg.cluster.mpirun_args, env)
-        if len(answering) < len(hosts_before):
-            try:
-                cfg, change = resized(cfg, hosts_before, answering)
-            except ConfigError as error:
-                print(f"hvdtrain: {reason}; {error}. {resume_advice(run_dir)}", file=sys.stderr, flush=True)
-                return status
-            update_saved_config(Path(run_dir) / "config.yaml", {key: OmegaConf.select(cfg, key) for key in RESIZED_KEYS})
-            plan, env = relaunch(cfg)
-            print(f"hvdtrain: {change}", file=sys.stderr, flush=True)
+            else:
+                cfg, plan, env, waited = _without_lost_hosts(cfg, run_dir, plan, env, relaunch, wait)
+        except ConfigError as error:
+            print(f"hvdtrain: {reason}; {error}. {resume_advice(run_dir)}", file=sys.stderr, flush=True)
+            return status
         restarts += 1
         restart = record_restart(run_dir, restarts, reason, hosts_before, plan.hosts)
         print(f"hvdtrain: {reason}; restart {restarts} of {fault.max_restarts} in {wait - waited:g} s from step "
@@ -160,6 +144,26 @@ def supervise(cfg, run_dir, plan, env, relaunch, placed_anew=None):
         # Rank 0 prints the plan again as the job starts: say why, just before it.
         print(f"hvdtrain: restart {restarts} of {fault.max_restarts}: the job starts again from step {restart.step}",
               flush=True)
+
+
+def _without_lost_hosts(cfg, run_dir, plan, env, relaunch, wait):
+    """(cfg, plan, environment, seconds waited) for the restart: the same, or, where hosts do not
+    answer even after `wait`, a smaller world of those that do (ConfigError where it cannot be)."""
+    hosts_before = plan.hosts
+    answering = mpirun.reachable_hosts(hosts_before, cfg.cluster.mpirun_args, env)
+    if len(answering) == len(hosts_before):
+        return cfg, plan, env, 0.0
+    # A host may be on its way back (a pod or a node restarting): the wait before the restart is
+    # its time to answer again and keep its place.
+    time.sleep(wait)
+    answering = mpirun.reachable_hosts(hosts_before, cfg.cluster.mpirun_args, env)
+    if len(answering) == len(hosts_before):
+        return cfg, plan, env, wait
+    cfg, change = resized(cfg, hosts_before, answering)
+    update_saved_config(Path(run_dir) / "config.yaml", {key: OmegaConf.select(cfg, key) for key in RESIZED_KEYS})
+    plan, env = relaunch(cfg)
+    print(f"hvdtrain: {change}", file=sys.stderr, flush=True)
+    return cfg, plan, env, wait
 
 
 def resume_advice(run_dir):

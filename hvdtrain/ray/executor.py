@@ -67,10 +67,14 @@ class RayExecutor:
         self.cpus_per_worker = cpus_per_worker
         self.gpus_per_worker = (gpus_per_worker or 1) if use_gpu else 0
         self.use_current_placement_group = use_current_placement_group
-        self.workers: List[Any] = []  # the actors, in rank order
         self._placement = None
         self._job = contextlib.ExitStack()  # holds mpirun while the executor runs
         self._key = secrets.token_bytes(32)  # of this executor's relays
+
+    @property
+    def workers(self) -> List[Any]:
+        """The workers' actors, in rank order (none before start and after shutdown)."""
+        return self._placement.workers if self._placement is not None else []
 
     def start(self, executable_cls: type = None, executable_args: Optional[List] = None,
               executable_kwargs: Optional[Dict] = None, extra_env_vars: Optional[Dict] = None):
@@ -90,13 +94,10 @@ class RayExecutor:
             self._placement = place(self._key, self.settings.placement_group_timeout_s, self.cpus_per_worker,
                                     self.gpus_per_worker, num_workers=None if self.num_hosts else self.num_workers,
                                     num_hosts=self.num_hosts, workers_per_host=self.num_workers_per_host,
-                                    group=current)
+                                    group=current,
+                                    environment={name: str(value) for name, value in (extra_env_vars or {}).items()})
         except TimeoutError as error:
             raise TimeoutError(f"hvdtrain.ray: {error} (placement_group_timeout_s)") from None
-        self.workers = self._placement.workers
-        extra = {name: str(value) for name, value in (extra_env_vars or {}).items()}
-        self._get([worker.expect.remote(rank, {**environment, **extra}) for rank, (worker, environment)
-                   in enumerate(zip(self.workers, self._placement.environments, strict=True))], "to start")
         nic_args = []
         if self.settings.nics:
             interfaces = ",".join(sorted(self.settings.nics))
@@ -165,4 +166,3 @@ class RayExecutor:
         if self._placement is not None:
             self._placement.close()
             self._placement = None
-        self.workers = []

@@ -20,7 +20,7 @@ from multiprocessing.connection import Client, Listener, wait
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from hvdtrain.launch import mpirun
-from hvdtrain.launch.relay import RankEnded, RankFailed, RankRelay, RankSeat, mpirun_job
+from hvdtrain.launch.relay import RankEnded, RankFailed, RankRelay, RankSeat, host_by_host, mpirun_job
 
 START_TIMEOUT_VARIABLE = "HOROVOD_SPARK_START_TIMEOUT"  # Horovod's, read where start_timeout is not given
 DEFAULT_START_TIMEOUT_S = 600.0
@@ -48,10 +48,8 @@ def run(fn: Callable[..., Any], args: Sequence = (), kwargs: Optional[Dict] = No
     call = (fn, tuple(args), dict(kwargs or {}))
     with Listener((context.getConf().get("spark.driver.host"), 0), family="AF_INET", authkey=key) as service:
         job = _SparkJob(context, num_proc, "%s:%d" % service.address, key, call, start_timeout)
-        tasks = _registrations(service, job, num_proc, start_timeout)
-        # Ranks host by host, hosts in the order of their first task: mpirun numbers them so.
-        hosts = list(dict.fromkeys(host for _, host, _, _ in tasks))
-        tasks.sort(key=lambda task: (hosts.index(task[1]), task[0]))
+        tasks = sorted(_registrations(service, job, num_proc, start_timeout))  # by partition
+        tasks = [tasks[index] for index in host_by_host([host for _, host, _, _ in tasks])]
         for rank, (_, _, _, connection) in enumerate(tasks):
             connection.send((rank, {}))
         stamps = ["--output", "timestamp"] if prefix_output_with_timestamp else []

@@ -20,10 +20,13 @@ import random
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Tuple
+
+from hvdtrain.launch.mpirun import session_members
 
 AGENT = Path(__file__).resolve().with_name("netns_agent.sh")
 
@@ -52,6 +55,18 @@ class NetnsHost:
 
     def processes(self):
         return [int(pid) for pid in ip("netns", "pids", self.namespace).split()]
+
+    def kill_processes(self):
+        """Kill every process on this host at once, as a machine that goes down."""
+        for pid in self.processes():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    def with_own_hostname(self, command):
+        """`command` run on this host in a UTS namespace of its own, whose hostname is the host's
+        namespace's name (for daemons that the tests start on the host themselves)."""
+        return ["ip", "netns", "exec", self.namespace, "unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"',
+                self.namespace, *command]
 
 
 @dataclass(frozen=True)
@@ -125,17 +140,34 @@ def netns_cluster(host_count, private_dir):
         remove_cluster(hosts, undo)
 
 
+def free_port(address):
+    """A TCP port on `address` that nothing listens on now."""
+    with socket.socket() as probe:
+        probe.bind((address, 0))
+        return probe.getsockname()[1]
+
+
+def start_daemon(command, env, log):
+    """`command` in a session of its own (so that `kill_daemon` finds all it starts), its output in `log`."""
+    with open(log, "w") as output:
+        return subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def kill_daemon(process):
+    """Kill a `start_daemon` process and everything in its session at once."""
+    for pid in [process.pid] + session_members(process.pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    process.wait()
+
+
 def remove_cluster(hosts, undo):
     errors = []
     for host in hosts:
-        try:
-            pids = host.processes()
-        except RuntimeError:
-            continue  # the namespace was never made
         # Only this cluster's jobs ever ran in the namespace: what is left of them goes.
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(RuntimeError):  # unless the namespace was never made
+            host.kill_processes()
     for command in reversed(undo):
         try:
             ip(*command)

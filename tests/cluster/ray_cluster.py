@@ -16,7 +16,6 @@
 import contextlib
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -26,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Tuple
 
-from hvdtrain.launch.mpirun import session_members
+from netns_cluster import free_port, kill_daemon, start_daemon
 
 CPUS_PER_NODE = 2
 START_TIMEOUT_S = 120
@@ -38,10 +37,6 @@ class RayCluster:
     nodes: Tuple[Tuple[str, str], ...]  # (hostname, address) of each worker node
     processes: Tuple[subprocess.Popen, ...]  # the `ray start --block` of the head, then of each node
 
-    def node_processes(self, index):
-        """The `ray start --block` of worker node `index`; killing its group takes the node down."""
-        return self.processes[1 + index]
-
 
 def missing_requirements():
     try:
@@ -49,12 +44,6 @@ def missing_requirements():
     except ImportError:
         return "Ray is not installed (pip install 'hvdtrain[ray]')"
     return None
-
-
-def _free_port(address):
-    with socket.socket() as probe:
-        probe.bind((address, 0))
-        return probe.getsockname()[1]
 
 
 @contextlib.contextmanager
@@ -67,30 +56,25 @@ def ray_cluster(netns, work_dir: Path):
     env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0",
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     head_address = netns.subnet.replace(".0/24", ".1")
-    address = f"{head_address}:{_free_port(head_address)}"
+    address = f"{head_address}:{free_port(head_address)}"
     processes = []
     try:
-        processes.append(_start([ray, "start", "--block", "--head", f"--node-ip-address={head_address}",
+        processes.append(start_daemon([ray, "start", "--block", "--head", f"--node-ip-address={head_address}",
                                  f"--port={address.rpartition(':')[2]}", "--num-cpus=0", "--include-dashboard=false",
                                  f"--temp-dir={sessions / 'head'}"], env, work_dir / "head.log"))
         for index, host in enumerate(netns.hosts):
-            processes.append(_start(
-                ["ip", "netns", "exec", host.namespace, "unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"',
-                 host.namespace, ray, "start", "--block", f"--address={address}", f"--node-ip-address={host.address}",
-                 f"--num-cpus={CPUS_PER_NODE}", f"--temp-dir={sessions / f'node{index}'}"],
+            processes.append(start_daemon(host.with_own_hostname(
+                [ray, "start", "--block", f"--address={address}", f"--node-ip-address={host.address}",
+                 f"--num-cpus={CPUS_PER_NODE}", f"--temp-dir={sessions / f'node{index}'}"]),
                 env, work_dir / f"node{index}.log"))
         cluster = RayCluster(address, tuple((host.namespace, host.address) for host in netns.hosts), tuple(processes))
         _wait_for_nodes(cluster, len(netns.hosts), work_dir)
         yield cluster
     finally:
+        # The nodes go at once, as machines switched off (Ray's own stop takes 20 s a node).
         for process in processes:
-            _stop(process)
+            kill_daemon(process)
         shutil.rmtree(sessions, ignore_errors=True)
-
-
-def _start(command, env, log):
-    return subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=open(log, "w"),
-                            stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def _wait_for_nodes(cluster, count, work_dir):
@@ -119,12 +103,3 @@ def _wait_for_nodes(cluster, count, work_dir):
             check()
     finally:
         ray.shutdown()
-
-
-def _stop(process):
-    """The node goes at once, as a machine that is switched off: its processes are killed, all of
-    them in the session of its `ray start --block` (Ray's own stop takes 20 s a node)."""
-    for pid in [process.pid] + session_members(process.pid):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    process.wait()

@@ -12,16 +12,13 @@
 import contextlib
 import os
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Tuple
 
-from hvdtrain.launch.mpirun import session_members
+from netns_cluster import free_port, kill_daemon, start_daemon
 
 CORES_PER_WORKER = 2
 START_TIMEOUT_S = 120
@@ -44,12 +41,6 @@ def missing_requirements():
     return None
 
 
-def _free_port(address):
-    with socket.socket() as probe:
-        probe.bind((address, 0))
-        return probe.getsockname()[1]
-
-
 @contextlib.contextmanager
 def spark_cluster(netns, work_dir: Path, worker_count=2):
     import pyspark
@@ -57,19 +48,18 @@ def spark_cluster(netns, work_dir: Path, worker_count=2):
     spark_class = str(Path(pyspark.__file__).parent / "bin" / "spark-class")
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, SPARK_LOG_DIR=str(work_dir))
     address = netns.subnet.replace(".0/24", ".1")
-    port = _free_port(address)
+    port = free_port(address)
     processes = []
     try:
-        processes.append(_start([spark_class, "org.apache.spark.deploy.master.Master", "--host", address,
-                                 "--port", str(port), "--webui-port", str(_free_port(address))],
+        processes.append(start_daemon([spark_class, "org.apache.spark.deploy.master.Master", "--host", address,
+                                 "--port", str(port), "--webui-port", str(free_port(address))],
                                 env, work_dir / "master.log"))
         hosts = netns.hosts[:worker_count]
         for index, host in enumerate(hosts):
-            processes.append(_start(
-                ["ip", "netns", "exec", host.namespace, "unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"',
-                 host.namespace, spark_class, "org.apache.spark.deploy.worker.Worker", f"spark://{address}:{port}",
+            processes.append(start_daemon(host.with_own_hostname(
+                [spark_class, "org.apache.spark.deploy.worker.Worker", f"spark://{address}:{port}",
                  "--host", host.address, "--cores", str(CORES_PER_WORKER), "--memory", "2g",
-                 "--work-dir", str(work_dir / f"worker{index}"), "--webui-port", "8081"],
+                 "--work-dir", str(work_dir / f"worker{index}"), "--webui-port", "8081"]),
                 # The host's name is its namespace's, which no resolver knows: Spark (the worker
                 # and the executors it starts) is told its address.
                 dict(env, SPARK_LOCAL_IP=host.address, SPARK_LOCAL_HOSTNAME=host.address),
@@ -80,15 +70,7 @@ def spark_cluster(netns, work_dir: Path, worker_count=2):
         yield cluster
     finally:
         for process in processes:
-            for pid in [process.pid] + session_members(process.pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            process.wait()
-
-
-def _start(command, env, log):
-    return subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=open(log, "w"),
-                            stderr=subprocess.STDOUT, start_new_session=True)
+            kill_daemon(process)
 
 
 def _wait_for_workers(processes, work_dir, count):

@@ -1,8 +1,6 @@
 """A rank that fails on a remote host ends the whole job with an error, instead of a hang; a host
 lost for good is left out by `hvdtrain`, which goes on with the hosts that remain."""
 
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -55,8 +53,7 @@ def test_a_lost_host_is_left_out_and_the_run_goes_on_with_the_same_global_batch(
         try:
             wait_until(lambda: len(list((run_dir / "checkpoints").glob("step-*.ckpt"))) >= 3, 180, "3 checkpoints")
             ip("-n", lost.namespace, "addr", "del", f"{lost.address}/24", "dev", "eth0")
-            for pid in lost.processes():
-                os.kill(pid, signal.SIGKILL)
+            lost.kill_processes()
             process.wait(timeout=240)
         finally:
             if process.poll() is None:

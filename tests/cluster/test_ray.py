@@ -2,8 +2,6 @@
 (ray_cluster.py): Ray places the workers, mpirun starts the ranks through them, and the ranks
 run the driver's functions with exact collectives between the hosts."""
 
-import os
-import signal
 import socket
 import subprocess
 import sys
@@ -219,8 +217,7 @@ def test_a_recipe_on_ray_trains_to_its_target_also_when_a_node_is_lost_midway(ne
             assert len(set(hosts)) == 2 and set(hosts) <= {address for _, address in ray_cluster.nodes}, hosts
             lost_address = hosts[1]
             lost = next(host for host in netns_cluster.hosts if host.address == lost_address)
-            for pid in lost.processes():
-                os.kill(pid, signal.SIGKILL)
+            lost.kill_processes()
             process.wait(timeout=240)
         finally:
             if process.poll() is None:
