@@ -17,7 +17,7 @@ differentiated outside it. A session may fetch any subset of a graph's collectiv
 order fits there: hence session_graphs.py.
 
 Errors are Horovod's TensorFlow errors: ranks that disagree about a collective get
-tf.errors.FailedPreconditionError eagerly (inside a graph, a tf.function's or a session's,
+tf.errors.FailedPreconditionError eagerly and from a session's run (inside a tf.function
 TensorFlow turns any error of a Python op into UnknownError, whose message names it), bad
 arguments InvalidArgumentError.
 
@@ -62,7 +62,9 @@ def _run_on_core(start, tensors, dtypes, kind):
         with tf.device(device):  # where the caller's tensor was, as Horovod's GPU ops return it
             return [tf.identity(result) for result in results]
     if session_graphs.in_session_graph():
-        return session_graphs.run_on_core(start, tensors, dtypes, kind)
+        # Errors of the arguments stay ValueError and TypeError in the start op, which TensorFlow
+        # turns into InvalidArgumentError; the wait's are translated as they are eagerly.
+        return session_graphs.run_on_core(lambda arrays: _with_horovod_errors(start(arrays)), tensors, dtypes, kind)
     graph = tf.compat.v1.get_default_graph()
     previous = _last_collective_op.get(graph)
     with tf.control_dependencies([] if previous is None else [previous]):

@@ -20,6 +20,12 @@ another session of the same graph.
 
 Sessions are found by recording each one made (tf.compat.v1.Session's constructor is wrapped
 when this module is imported): TensorFlow gives an op no way to reach the session running it.
+
+TensorFlow turns any error a Python op raises into UnknownError, whatever its type. So that a
+disagreement between ranks reaches `Session.run` (and MonitoredTrainingSession) as the
+FailedPreconditionError Horovod's kernels raise, `finish` keeps the error it raised on its
+collective's channel, and `Session.run`, wrapped as the constructor is, raises that error's type
+in place of the UnknownError of a `finish` op.
 """
 
 import itertools
@@ -45,9 +51,24 @@ def _record_sessions(init):
     return recording_init
 
 
+def _raising_collectives_errors(run):
+    def running(session, *args, **kwargs):
+        try:
+            return run(session, *args, **kwargs)
+        except tf.errors.UnknownError as error:
+            channel = _channel_finishing.get(session.graph, {}).get(getattr(error.op, "name", None))
+            raised = channel.take_raised() if channel is not None else None
+            if raised is None:
+                raise
+            raise type(raised)(error.node_def, error.op, raised.message) from error
+
+    return running
+
+
 if not getattr(BaseSession.__init__, "_hvdtrain_records_sessions", False):
     BaseSession.__init__ = _record_sessions(BaseSession.__init__)
     BaseSession.__init__._hvdtrain_records_sessions = True
+    BaseSession.run = _raising_collectives_errors(BaseSession.run)
 
 
 def in_session_graph():
@@ -74,16 +95,30 @@ def run_on_core(start, tensors, dtypes, kind):
                                    [tf.constant(-1, tf.int64)], back_prop=False, name=f"Horovod{kind}Wait")
     results = tf.numpy_function(_deliveries.finish, [seen], list(dtypes) or [tf.int64], stateful=True,
                                 name=f"Horovod{kind}")
+    _channel_finishing.setdefault(graph, {})[results[0].op.name] = channel
     return results if dtypes else [results[0].op]
 
 
+# graph -> {the name of a collective's `finish` op: the collective's _Channel}
+_channel_finishing = weakref.WeakKeyDictionary()
+
+
 class _Channel:
-    """Where one collective op's tickets are signalled: its queue's enqueue op in each session."""
+    """Where one collective op's tickets are signalled (its queue's enqueue op in each session),
+    and the TensorFlow error its `finish` op raised last, until Session.run takes it."""
 
     def __init__(self, graph, signal, signalled):
         self._graph = weakref.ref(graph)
         self._signal = signal
         self._signalled = signalled
+        self._raised = None
+
+    def keep_raised(self, error):
+        self._raised = error if isinstance(error, tf.errors.OpError) else None
+
+    def take_raised(self):
+        raised, self._raised = self._raised, None
+        return raised
 
     def signal(self, ticket):
         graph = self._graph()
@@ -138,6 +173,7 @@ class _Deliveries:
             for stale in [t for t, outcome in self._outcomes.items() if t < ticket and outcome[0] is channel]:
                 del self._outcomes[stale]
         if error is not None:
+            channel.keep_raised(error)
             raise error
         return results if results else [np.int64(0)]
 

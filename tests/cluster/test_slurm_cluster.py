@@ -19,7 +19,9 @@ from slurm_cluster import missing_requirements, slurm_cluster
 
 PYTHON = sys.executable
 MPIRUN = os.path.join(os.path.dirname(PYTHON), "mpirun")
-SLEEP = "sleep\x00300"  # the command line of the job's `sleep 300`, as /proc holds it
+# The command line of the job's sleep, as /proc holds it: a duration that no other test's job
+# sleeps, as the jobs of the module's shared cluster may still be ending meanwhile.
+SLEEP = "sleep\x00297"
 # Each rank adds rank + 1: with 2 ranks every rank prints 3.
 ALLREDUCE = textwrap.dedent("""\
     import socket
@@ -126,7 +128,7 @@ def test_cluster_leaves_nothing_behind_on_an_error(tmp_path):
         pytest.skip(f"the Slurm cluster tests are skipped: {missing_requirements()}")
     with pytest.raises(KeyboardInterrupt):
         with slurm_cluster(tmp_path, node_count=1) as cluster:
-            job = cluster.submit("#!/bin/sh\nsrun sleep 300\n")
+            job = cluster.submit("#!/bin/sh\nsrun sleep 297\n")
             cluster.wait_for_job_state(job, "RUNNING", timeout=30)
             wait_until(lambda: processes_mentioning(SLEEP), 30, "the job's sleep to start")
             raise KeyboardInterrupt  # as a Ctrl-C in the block

@@ -546,9 +546,15 @@ def mismatched_shapes_in_a_session_fail_on_every_rank_and_the_session_goes_on():
         mismatched = hvd.allreduce(tf.zeros([r + 1]), name="mismatched_in_session")
         fine = hvd.allreduce(tf.constant(1.0), op=hvd.Sum, name="fine_in_session")
         with _one_thread_session(tf) as session:
-            with pytest.raises(tf.errors.UnknownError, match="Mismatched.*mismatched_in_session.*shape"):
+            with pytest.raises(tf.errors.FailedPreconditionError, match="Mismatched.*mismatched_in_session.*shape"):
                 session.run(mismatched)
             assert session.run(fine) == n
+    with tf.Graph().as_default():
+        mismatched = hvd.allreduce(tf.zeros([r + 1]), name="mismatched_in_monitored_session")
+        with pytest.raises(tf.errors.FailedPreconditionError, match="mismatched_in_monitored_session.*shape"):
+            with tf.compat.v1.train.MonitoredTrainingSession(config=tf.compat.v1.ConfigProto(
+                    inter_op_parallelism_threads=1, intra_op_parallelism_threads=1)) as session:
+                session.run(mismatched)
     hvd.shutdown()
 
 
