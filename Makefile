@@ -3,7 +3,7 @@ VENV   := .venv
 PYTHON := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: run test image container-job gpu-wheels bench bench-decode bench-horovod study calibrate slurm-times clean-venv
+.PHONY: run test suite-profile image container-job gpu-wheels bench bench-decode bench-horovod study calibrate slurm-times clean-venv
 
 # uv installs the 8 GB of wheels (torch is a CUDA build) in about a minute where pip takes three.
 # It compiles the bytecode as pip does: every rank imports torch and TensorFlow from it, and where
@@ -24,6 +24,11 @@ run: $(STAMP)
 test: $(STAMP)
 	@[ "$$(id -u)" != 0 ] || sh scripts/install_test_packages.sh || echo "make: the test clusters' Debian packages could not be installed"
 	$(PYTHON) -m pytest -q -n 2 --dist loadgroup
+
+# Where make test's time goes: each test file's seconds on a worker and how idle the cores sat
+# meanwhile (the suite's own time, about 18 minutes): studies/suite_time/profile.json
+suite-profile: $(STAMP)
+	$(PYTHON) scripts/profile_suite.py
 
 # hvdtrain's image (Containerfile) for containers and Kubernetes (launcher=kubernetes), built with
 # podman; as root it installs podman, runc and debootstrap from Debian where they are missing.

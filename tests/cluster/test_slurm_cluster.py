@@ -19,8 +19,8 @@ from slurm_cluster import missing_requirements, slurm_cluster
 
 PYTHON = sys.executable
 MPIRUN = os.path.join(os.path.dirname(PYTHON), "mpirun")
-# The command line of the job's sleep, as /proc holds it: a duration that no other test's job
-# sleeps, as the jobs of the module's shared cluster may still be ending meanwhile.
+# The command line of the job's sleep, as /proc holds it: a duration unlikely to be slept by any
+# other process of the machine (the test looks for it among them all).
 SLEEP = "sleep\x00297"
 # Each rank adds rank + 1: with 2 ranks every rank prints 3.
 ALLREDUCE = textwrap.dedent("""\

@@ -1,5 +1,7 @@
-"""hvdtrain.spark.run on a Spark cluster of 2 executors on this machine (local-cluster mode):
-one rank per task of a barrier stage, started by mpirun through the tasks, results in rank order."""
+"""hvdtrain.spark.run on Spark in local mode (one executor of 2 task slots: a JVM, where a
+local cluster of executors starts three; tests/cluster/test_spark.py runs a standalone cluster
+across hosts): one rank per task of a barrier stage, started by mpirun through the tasks,
+results in rank order."""
 
 import io
 import re
@@ -25,7 +27,7 @@ def spark():
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PYSPARK_PYTHON", sys.executable)  # the executors' Python: this environment's
-        session = (SparkSession.builder.master("local-cluster[2,1,1024]").appName("hvdtrain-spark-tests")
+        session = (SparkSession.builder.master("local[2]").appName("hvdtrain-spark-tests")
                    .config("spark.ui.enabled", "false").getOrCreate())
         yield session
         session.stop()
