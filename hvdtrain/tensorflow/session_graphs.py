@@ -56,7 +56,7 @@ def _raising_collectives_errors(run):
         try:
             return run(session, *args, **kwargs)
         except tf.errors.UnknownError as error:
-            channel = _channel_finishing.get(session.graph, {}).get(getattr(error.op, "name", None))
+            channel = _channel_finishing.get(session.graph, {}).get(getattr(error.op, "name", None), _gone)()
             raised = channel.take_raised() if channel is not None else None
             if raised is None:
                 raise
@@ -95,12 +95,18 @@ def run_on_core(start, tensors, dtypes, kind):
                                    [tf.constant(-1, tf.int64)], back_prop=False, name=f"Horovod{kind}Wait")
     results = tf.numpy_function(_deliveries.finish, [seen], list(dtypes) or [tf.int64], stateful=True,
                                 name=f"Horovod{kind}")
-    _channel_finishing.setdefault(graph, {})[results[0].op.name] = channel
+    _channel_finishing.setdefault(graph, {})[results[0].op.name] = weakref.ref(channel)
     return results if dtypes else [results[0].op]
 
 
-# graph -> {the name of a collective's `finish` op: the collective's _Channel}
+# graph -> {the name of a collective's `finish` op: a weak reference to the collective's _Channel}.
+# The graph keeps its ops' Python functions, and with them their channels, alive; a strong
+# reference here would keep the graph alive through the channel's ops.
 _channel_finishing = weakref.WeakKeyDictionary()
+
+
+def _gone():
+    return None
 
 
 class _Channel:
