@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hvdtrain.tasks.data import IMAGENET_STD, BadFile
-from hvdtrain.tasks.image_folder_torch import (DecodedImageFolder, DeviceImages, EncodedImageFolder,
+from hvdtrain.tasks.image_folder_torch import (DecodedImageFolder, EncodedImageFolder,
                                                _training_transform, _validation_transform)
 from hvdtrain.tasks.image_tree import make_image_tree
 
