@@ -2,26 +2,18 @@
 quickest form on the cluster's hosts: it fits the links, predicts training and writes it all
 down. No figure is checked against a bound: timings on a shared 2-core machine are not stable."""
 
-import importlib.util
 import json
 import math
 import subprocess
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "calibrate_scaling.py"
+from support.scripts import load_script
+
 # The pipeline as --quick runs it, on the digits recipe's model, which trains in milliseconds.
 RECIPE = ("recipe=digits",)
 
 
-def load_calibration():
-    spec = importlib.util.spec_from_file_location("calibrate_scaling", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_quick_calibration_fits_links_and_predicts_training(netns_cluster, tmp_path):
-    calibration = load_calibration()
+    calibration = load_script("calibrate_scaling")
     output = tmp_path / "calibration.json"
     calibration.write(calibration.calibrate(netns_cluster, calibration.QUICK, RECIPE), output)
 

@@ -1,29 +1,22 @@
 """scripts/bench_allreduce.py times what it claims: it sets its inputs before every timed run,
 compares every result with the exact value and stops the job on a wrong one; on two real ranks."""
 
-import importlib.util
 import sys
-from pathlib import Path
 
 import numpy as np
 
 from hvdtrain.launch import mpirun as launcher
 
-SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "bench_allreduce.py"
+from support.scripts import SCRIPTS, load_script
+
+SCRIPT = SCRIPTS / "bench_allreduce.py"
 TIMEOUT = 240
-
-
-def bench_allreduce():
-    spec = importlib.util.spec_from_file_location("bench_allreduce", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def results_are_checked_exactly():
     from hvdtrain import core
 
-    bench = bench_allreduce()
+    bench = load_script("bench_allreduce")
     core.init()
     rank, size = core.rank(), core.size()
     arrays = [("a", np.empty((3, 4), np.float32)), ("b", np.empty((3, 4), np.float32)), ("c", np.empty(7, np.float32))]
@@ -66,7 +59,7 @@ def test_results_are_checked_exactly(mpirun):
 def the_bench_with_a_wrong_input_on_rank_1(model):
     from mpi4py import MPI
 
-    bench = bench_allreduce()
+    bench = load_script("bench_allreduce")
     rank = MPI.COMM_WORLD.Get_rank()
     correct_pattern = bench.pattern
     # Rank 1's inputs are not what the check expects, as with a reduction that lost a rank's part.

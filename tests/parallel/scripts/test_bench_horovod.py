@@ -1,13 +1,12 @@
 """scripts/bench_horovod.py's shim, on two real ranks: `import horovod.torch` is hvdtrain.torch, and
 every rank reports its engine thread's CPU clock after the warm-up steps and at the end."""
 
-import importlib.util
 import sys
-from pathlib import Path
 
 from hvdtrain.launch import mpirun as launcher
 
-SCRIPTS = Path(__file__).resolve().parents[3] / "scripts"
+from support.scripts import load_script
+
 
 HOROVOD_STYLE_SCRIPT = """
 import torch
@@ -25,19 +24,8 @@ print("rank", hvd.rank(), "runs", hvd.__name__)
 """
 
 
-def bench_horovod():
-    spec = importlib.util.spec_from_file_location("bench_horovod", SCRIPTS / "bench_horovod.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(SCRIPTS))  # bench_horovod imports its sibling run_benchmarks
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(SCRIPTS))
-    return module
-
-
 def test_the_horovod_comparison_runs_horovod_scripts_on_hvdtrain_and_times_its_engine(tmp_path):
-    bench = bench_horovod()
+    bench = load_script("bench_horovod")
     shim = tmp_path / "shim"
     bench.write_shim(shim)
     script = tmp_path / "horovod_style.py"

@@ -1,22 +1,18 @@
 """scripts/bench_decode.py, in this process on a few small images: it writes both ways' rates,
 and stops on a wrong answer instead of timing it."""
 
-import importlib.util
 import json
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "bench_decode.py"
+from support.scripts import load_script
 
 
 @pytest.fixture
 def bench(monkeypatch):
-    spec = importlib.util.spec_from_file_location("bench_decode", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("bench_decode")
     monkeypatch.setattr(torch, "set_num_threads", lambda threads: None)  # this process's threads stay as they are
     return module
 

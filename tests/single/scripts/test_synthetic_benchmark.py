@@ -1,25 +1,16 @@
 """scripts/synthetic_benchmark.py times what it claims, in this process: it waits for the
 device's queued work before reading a clock, and --profile counts overlapping device work once."""
 
-import importlib.util
 import queue
 import threading
 import time
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "synthetic_benchmark.py"
-
-
-def synthetic_benchmark():
-    spec = importlib.util.spec_from_file_location("synthetic_benchmark", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from support.scripts import load_script
 
 
 def test_the_synthetic_benchmark_times_the_work_a_step_queued():
     """A step that returns once its work is queued, as a step on a GPU does: its time must count."""
-    synthetic = synthetic_benchmark()
+    synthetic = load_script("synthetic_benchmark")
     work = queue.Queue()  # seconds of work, done in order, as a CUDA stream does it
 
     def device():
@@ -38,7 +29,7 @@ def test_the_synthetic_benchmark_times_the_work_a_step_queued():
 def test_the_profile_counts_overlapping_device_work_once_over_the_whole_trace():
     """--profile's summary: device work covers [10, 40) and [50, 60) of a trace spanning
     [0, 100) (host events included), so the device was busy 40 % of the time."""
-    synthetic = synthetic_benchmark()
+    synthetic = load_script("synthetic_benchmark")
 
     def event(category, start, end):
         return {"ph": "X", "cat": category, "ts": start, "dur": end - start}
