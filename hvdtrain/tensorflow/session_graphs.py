@@ -56,7 +56,8 @@ def _raising_collectives_errors(run):
         try:
             return run(session, *args, **kwargs)
         except tf.errors.UnknownError as error:
-            channel = _channel_finishing.get(session.graph, {}).get(getattr(error.op, "name", None), _gone)()
+            reference = _channel_finishing.get(session.graph, {}).get(getattr(error.op, "name", None))
+            channel = reference() if reference is not None else None
             raised = channel.take_raised() if channel is not None else None
             if raised is None:
                 raise
@@ -103,10 +104,6 @@ def run_on_core(start, tensors, dtypes, kind):
 # The graph keeps its ops' Python functions, and with them their channels, alive; a strong
 # reference here would keep the graph alive through the channel's ops.
 _channel_finishing = weakref.WeakKeyDictionary()
-
-
-def _gone():
-    return None
 
 
 class _Channel:
