@@ -60,8 +60,9 @@ def ray_cluster(netns, work_dir: Path):
     processes = []
     try:
         processes.append(start_daemon([ray, "start", "--block", "--head", f"--node-ip-address={head_address}",
-                                 f"--port={address.rpartition(':')[2]}", "--num-cpus=0", "--include-dashboard=false",
-                                 f"--temp-dir={sessions / 'head'}"], env, work_dir / "head.log"))
+                                       f"--port={address.rpartition(':')[2]}", "--num-cpus=0",
+                                       "--include-dashboard=false", f"--temp-dir={sessions / 'head'}"],
+                                      env, work_dir / "head.log"))
         for index, host in enumerate(netns.hosts):
             processes.append(start_daemon(host.with_own_hostname(
                 [ray, "start", "--block", f"--address={address}", f"--node-ip-address={host.address}",

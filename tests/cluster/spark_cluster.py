@@ -52,8 +52,8 @@ def spark_cluster(netns, work_dir: Path, worker_count=2):
     processes = []
     try:
         processes.append(start_daemon([spark_class, "org.apache.spark.deploy.master.Master", "--host", address,
-                                 "--port", str(port), "--webui-port", str(free_port(address))],
-                                env, work_dir / "master.log"))
+                                       "--port", str(port), "--webui-port", str(free_port(address))],
+                                      env, work_dir / "master.log"))
         hosts = netns.hosts[:worker_count]
         for index, host in enumerate(hosts):
             processes.append(start_daemon(host.with_own_hostname(
