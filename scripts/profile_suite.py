@@ -6,7 +6,9 @@ A file whose tests leave the cores idle waits (for Slurm, a stall limit, a shape
 file that keeps them busy costs CPU, which on a 2-core machine running 2 workers is what the
 suite's wall time is made of. Results: studies/suite_time/profile.json and the table printed.
 
-    .venv/bin/python scripts/profile_suite.py [pytest arguments, default: -n 2 --dist loadgroup]
+    .venv/bin/python scripts/profile_suite.py [pytest arguments, default: make test's]
+
+(`... -n 2 --dist loadgroup tests/cluster` profiles `make test-cluster`.)
 
 The same file is the pytest plugin (`-p profile_suite`) that records the tests' times."""
 
@@ -68,7 +70,7 @@ def idle_share(samples, start, end):
 
 
 def main():
-    pytest_args = sys.argv[1:] or ["-n", "2", "--dist", "loadgroup"]
+    pytest_args = sys.argv[1:] or ["-n", "2", "--dist", "loadgroup", "tests/single", "tests/parallel", "tests/gpu"]
     times_dir = Path(tempfile.mkdtemp(prefix="profile_suite."))
     path = os.pathsep.join(filter(None, [str(ROOT / "scripts"), os.environ.get("PYTHONPATH")]))
     env = dict(os.environ, PYTHONPATH=path, **{TIMES_DIR_VARIABLE: str(times_dir)})

@@ -14,7 +14,7 @@ from support.ranks import RankChecks, run_alone, run_ranks
 
 TESTS = Path(__file__).parent
 
-# Under `pytest -n N --dist loadgroup` (make test) a group runs in one worker: each file is a
+# Under `pytest -n N --dist loadgroup` (make test, make test-cluster) a group runs in one worker: each file is a
 # group, so that its module fixtures are made once; the files that read the training runs of
 # tests/parallel/conftest.py are one, so that each run is trained once; and the cluster's files are
 # one, as a session has one set of network-namespace hosts and one Slurm cluster, except those that

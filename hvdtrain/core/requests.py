@@ -128,8 +128,10 @@ class Handle:
             with _WAITER_CREATION:
                 waiter = self._waiter
                 if waiter is None:
-                    waiter = self._waiter = threading.Lock()
+                    # Held before _finish can see it: released while free, it would raise.
+                    waiter = threading.Lock()
                     waiter.acquire()
+                    self._waiter = waiter
             # _finish sets _done before it reads _waiter: either it sees this lock and releases
             # it, or _done is already true here.
             if not self._done:
