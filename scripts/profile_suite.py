@@ -8,7 +8,7 @@ suite's wall time is made of. Results: studies/suite_time/profile.json and the t
 
     .venv/bin/python scripts/profile_suite.py [pytest arguments, default: make test's]
 
-(`... -n 2 --dist loadgroup tests/cluster` profiles `make test-cluster`.)
+(`... -n 2 --dist loadgroup --no-loadscope-reorder tests/cluster` profiles `make test-cluster`.)
 
 The same file is the pytest plugin (`-p profile_suite`) that records the tests' times."""
 
@@ -69,8 +69,12 @@ def idle_share(samples, start, end):
     return idle / seconds if seconds else 0.0
 
 
+# make test's (Makefile: PYTEST_XDIST and the tiers)
+MAKE_TEST_ARGS = ["-n", "2", "--dist", "loadgroup", "--no-loadscope-reorder", "tests/single", "tests/parallel", "tests/gpu"]
+
+
 def main():
-    pytest_args = sys.argv[1:] or ["-n", "2", "--dist", "loadgroup", "tests/single", "tests/parallel", "tests/gpu"]
+    pytest_args = sys.argv[1:] or MAKE_TEST_ARGS
     times_dir = Path(tempfile.mkdtemp(prefix="profile_suite."))
     path = os.pathsep.join(filter(None, [str(ROOT / "scripts"), os.environ.get("PYTHONPATH")]))
     env = dict(os.environ, PYTHONPATH=path, **{TIMES_DIR_VARIABLE: str(times_dir)})
