@@ -70,7 +70,8 @@ def idle_share(samples, start, end):
 
 
 # make test's (Makefile: PYTEST_XDIST and the tiers)
-MAKE_TEST_ARGS = ["-n", "2", "--dist", "loadgroup", "--no-loadscope-reorder", "tests/single", "tests/parallel", "tests/gpu"]
+MAKE_TEST_ARGS = ["-n", "2", "--dist", "loadgroup", "--no-loadscope-reorder",
+                  "tests/single", "tests/parallel", "tests/gpu"]
 
 
 def main():

@@ -35,9 +35,17 @@ def no_launch(monkeypatch):
 def hvdtrain_here(*args, monkeypatch, cwd=None):
     """`hvdtrain ARGS` run in this process, for what it decides before anything is launched (a
     refused command line, a dry run): the CompletedProcess a subprocess would give, in a fraction
-    of its time. Hydra's state carries nothing from one call to the next that changes the result."""
-    from hvdtrain.launch import cli
+    of its time. Of Hydra's state, only the layouts that earlier calls put in its ConfigStore
+    (compose.register_layouts) would change the result, as Hydra lists them among the allowed
+    clusters: they are taken out first, as a new process starts without them."""
+    from hydra.core.config_store import ConfigStore
 
+    from hvdtrain.launch import cli
+    from hvdtrain.launch.compose import LAYOUT
+
+    clusters = ConfigStore.instance().repo.get("cluster", {})
+    for name in [name for name in clusters if LAYOUT.fullmatch(name.removesuffix(".yaml"))]:
+        del clusters[name]
     if cwd is not None:
         monkeypatch.chdir(cwd)
     monkeypatch.setattr(sys, "argv", ["hvdtrain", *map(str, args)])

@@ -10,6 +10,7 @@ import contextlib
 import io
 import os
 import sys
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -253,7 +254,8 @@ def test_a_host_back_within_the_restarts_wait_keeps_its_place(tmp_path, monkeypa
     answers = iter([hosts[:1], hosts])
     monkeypatch.setattr(supervisor.mpirun, "reachable_hosts", lambda asked, args, env: next(answers))
     slept = []
-    monkeypatch.setattr(supervisor.time, "sleep", slept.append)
+    # The supervisor's own time module only: a thread another test left in this process may sleep too.
+    monkeypatch.setattr(supervisor, "time", SimpleNamespace(sleep=slept.append, time=time.time))
     cfg = compose("cluster=2x2", "cluster.hosts=[a,b]", "train.epochs=2", "fault.restart_wait_s=7",
                   "fault.max_restarts=1")
     plan = SimpleNamespace(launch_command=job_exiting(137), hosts=hosts)

@@ -75,7 +75,12 @@ def uninterrupted_weights():
     return model.state_dict()
 
 
-def start_hvdtrun(tmp_path, hosts_file, kill_at=0, script_text=SCRIPT):
+NEVER = -1  # no step or epoch is
+
+
+def start_hvdtrun(tmp_path, hosts_file, kill_at=NEVER, script_text=SCRIPT):
+    """hvdtrun running `script_text`, whose rank 1 kills itself once at step (the torch script) or
+    epoch (the Keras one) `kill_at`: (the process, its log, the script's progress file)."""
     script = tmp_path / "elastic_train.py"
     script.write_text(script_text)
     discover = tmp_path / "discover.sh"
@@ -226,7 +231,7 @@ def keras_runs(tmp_path_factory):
     hosts_file = where / "hosts"
     hosts_file.write_text("localhost:2\n")
     runs = {}
-    for name, kill_at in (("uninterrupted", 0), ("killed", 2)):
+    for name, kill_at in (("uninterrupted", NEVER), ("killed", 2)):
         directory = where / name
         directory.mkdir()
         process, log, progress = start_hvdtrun(directory, hosts_file, kill_at=kill_at, script_text=KERAS_SCRIPT)
@@ -244,6 +249,11 @@ def test_a_keras_script_is_started_again_after_a_killed_rank(keras_runs):
 def test_a_keras_script_goes_on_from_its_last_epoch_commit(keras_runs):
     output, _ = keras_runs["killed"]
     assert "reset: 2 ranks at epoch 2" in output
+
+
+def test_the_keras_scripts_uninterrupted_run_is_never_started_again(keras_runs):
+    output, _ = keras_runs["uninterrupted"]
+    assert "starting it again" not in output, output
 
 
 def test_a_keras_script_restarted_ends_with_the_uninterrupted_weights(keras_runs):
