@@ -23,7 +23,7 @@ run: $(STAMP)
 # third worker on 2 cores was slower, not faster. `make test` is the in-process, multi-rank and GPU
 # tiers; `make test-cluster` the multi-host one, which runs whole clusters (Slurm, Ray, Spark) on
 # network-namespace hosts and would add half as much again to every run of the first. CI runs both.
-PYTEST_XDIST := -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder
+PYTEST_XDIST := -m pytest -q -n 2 --dist loadgroup
 
 test: $(STAMP) test-packages
 	$(PYTHON) $(PYTEST_XDIST) tests/single tests/parallel tests/gpu

@@ -8,7 +8,7 @@ suite's wall time is made of. Results: studies/suite_time/profile.json and the t
 
     .venv/bin/python scripts/profile_suite.py [pytest arguments, default: make test's]
 
-(`... -n 2 --dist loadgroup --no-loadscope-reorder tests/cluster` profiles `make test-cluster`.)
+(`... -n 2 --dist loadgroup tests/cluster` profiles `make test-cluster`.)
 
 The same file is the pytest plugin (`-p profile_suite`) that records the tests' times."""
 
@@ -70,8 +70,7 @@ def idle_share(samples, start, end):
 
 
 # make test's (Makefile: PYTEST_XDIST and the tiers)
-MAKE_TEST_ARGS = ["-n", "2", "--dist", "loadgroup", "--no-loadscope-reorder",
-                  "tests/single", "tests/parallel", "tests/gpu"]
+MAKE_TEST_ARGS = ["-n", "2", "--dist", "loadgroup", "tests/single", "tests/parallel", "tests/gpu"]
 
 
 def main():

@@ -4,9 +4,6 @@ The suite is cut as the package is: tests/single/ runs in the test process itsel
 starts real ranks (mpirun) or the commands as a user runs them, tests/cluster/ needs hosts made
 of network namespaces or a Slurm cluster (root), and tests/gpu/ needs a GPU."""
 
-import collections
-import json
-import math
 from pathlib import Path
 
 import pytest
@@ -25,21 +22,6 @@ TESTS = Path(__file__).parent
 # another worker may take, making hosts of its own in a second or two.
 SHARED_RUNS = TESTS / "parallel" / "conftest.py"
 OWN_ENGINE_FIXTURES = ("ray_cluster", "spark_session")
-# The groups go to the workers longest first, by each file's seconds in the suite's last profile
-# (make suite-profile), and with --no-loadscope-reorder xdist keeps that order: its own order, by
-# number of tests, left files of few long tests (a study, elastic restarts) to the end, where one
-# worker trained on for a minute with the other idle. A file the profile lacks goes first.
-PROFILE = TESTS.parent / "studies" / "suite_time" / "profile.json"
-
-
-def _profiled_seconds():
-    """Each test file's seconds on a worker in the last profile, by its path from the checkout."""
-    try:
-        return {row["file"]: row["seconds"] for row in json.loads(PROFILE.read_text())["files"]}
-    except (OSError, ValueError, KeyError, TypeError):
-        return {}
-
-
 def _reads_shared_runs(item):
     definitions = item._fixtureinfo.name2fixturedefs.values()
     return any(Path(d[-1].func.__code__.co_filename) == SHARED_RUNS for d in definitions)
@@ -56,11 +38,6 @@ def pytest_collection_modifyitems(items):
             groups[item.path] = "shared runs"
     for item in items:
         item.add_marker(pytest.mark.xdist_group(groups[item.path]))
-    profiled = _profiled_seconds()
-    seconds = collections.Counter()
-    for path, group in groups.items():
-        seconds[group] += profiled.get(path.relative_to(TESTS.parent).as_posix(), math.inf)
-    items.sort(key=lambda item: -seconds[groups[item.path]])  # stable: a file's tests keep their order
 
 
 @pytest.fixture
