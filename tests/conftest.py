@@ -22,6 +22,8 @@ TESTS = Path(__file__).parent
 # another worker may take, making hosts of its own in a second or two.
 SHARED_RUNS = TESTS / "parallel" / "conftest.py"
 OWN_ENGINE_FIXTURES = ("ray_cluster", "spark_session")
+
+
 def _reads_shared_runs(item):
     definitions = item._fixtureinfo.name2fixturedefs.values()
     return any(Path(d[-1].func.__code__.co_filename) == SHARED_RUNS for d in definitions)
