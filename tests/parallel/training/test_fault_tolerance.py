@@ -94,9 +94,12 @@ def test_a_preempted_run_is_neither_restarted_nor_requeued_where_no_slurm_job_as
 
 
 def test_a_run_stopped_early_reports_the_epochs_it_completed(preempted):
-    results = preempted.notices[NOTICES[0]].results
-    assert (results["epochs_completed"], results["epochs"]) == (1, 12)
-    assert_the_figures_divide(results, samples_trained=22 * 64)
+    # On a busy machine the run can be an epoch past the checkpoint the test waited for before the
+    # notice reaches it; and an epoch stopped after its last step is evaluated on resume, not before.
+    notice = preempted.notices[NOTICES[0]]
+    completed = (notice.records[0]["step"] - 1) // 22
+    assert (notice.results["epochs_completed"], notice.results["epochs"]) == (completed, 12)
+    assert_the_figures_divide(notice.results, samples_trained=completed * 22 * 64)
 
 
 def test_a_preempted_run_resumes_after_the_step_it_stopped_after(notice):
