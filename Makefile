@@ -3,7 +3,7 @@ VENV   := .venv
 PYTHON := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: run test test-cluster test-packages suite-profile image container-job gpu-wheels bench bench-decode bench-horovod study calibrate slurm-times clean-venv
+.PHONY: run test test-integration test-cluster test-packages suite-profile image container-job gpu-wheels bench bench-decode bench-horovod study calibrate slurm-times clean-venv
 
 # uv installs the 8 GB of wheels (torch is a CUDA build) in about a minute where pip takes three.
 # It compiles the bytecode as pip does: every rank imports torch and TensorFlow from it, and where
@@ -21,12 +21,17 @@ run: $(STAMP)
 # or where apt cannot reach Debian, those tests skip and say why. Two pytest-xdist workers, whose
 # groups tests/conftest.py sets: the suite is bound by the CPU that starting ranks takes, and a
 # third worker on 2 cores was slower, not faster. `make test` is the in-process, multi-rank and GPU
-# tiers; `make test-cluster` the multi-host one, which runs whole clusters (Slurm, Ray, Spark) on
-# network-namespace hosts and would add half as much again to every run of the first. CI runs both.
+# tiers: the library and the hvdtrain command. `make test-integration` runs whole programs around
+# them, as Horovod's test/integration does: hvdtrun's elastic jobs, Spark, and the studies' and
+# benchmarks' scripts; `make test-cluster` runs whole clusters (Slurm, Ray, Spark) on network-namespace
+# hosts. Together they would more than double every run of the first. CI runs all three.
 PYTEST_XDIST := -m pytest -q -n 2 --dist loadgroup
 
 test: $(STAMP) test-packages
 	$(PYTHON) $(PYTEST_XDIST) tests/single tests/parallel tests/gpu
+
+test-integration: $(STAMP) test-packages
+	$(PYTHON) $(PYTEST_XDIST) tests/integration
 
 test-cluster: $(STAMP) test-packages
 	$(PYTHON) $(PYTEST_XDIST) tests/cluster

@@ -2,7 +2,7 @@
 # Installs from Debian what the tests' clusters need beyond Python packages: for the Slurm cluster
 # (tests/cluster/slurm_cluster.py) Slurm's controller, node daemon and client commands, munge, and
 # libpmix-dev (Slurm's mpi/pmix plugin, which `srun --mpi=pmix` uses, loads the libpmix.so that
-# only the -dev package ships); for Spark (tests/parallel/spark/, tests/cluster/spark_cluster.py)
+# only the -dev package ships); for Spark (tests/integration/spark/, tests/cluster/spark_cluster.py)
 # a Java 17 runtime. Does nothing when all of it is installed already.
 #
 #     sudo sh scripts/install_test_packages.sh

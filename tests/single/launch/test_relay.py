@@ -1,6 +1,6 @@
 """The relay that Ray actors and Spark tasks hold for their ranks (hvdtrain/launch/relay.py): the
 agent that mpirun calls in place of ssh, and the link to the rank. Jobs through relays, across
-hosts: tests/cluster/test_ray.py, tests/cluster/test_spark.py, tests/parallel/spark/."""
+hosts: tests/cluster/test_ray.py, tests/cluster/test_spark.py, tests/integration/spark/."""
 
 import os
 import secrets

@@ -1,6 +1,6 @@
 """hvdtrain.torch's elastic TorchState without hvdtrun (hvdtrain/torch/elastic.py): commits stay
 in memory, restore undoes what came after the last one, and a state's saved bytes load into
-another. Under hvdtrun: tests/parallel/launch/hvdtrun/test_elastic.py."""
+another. Under hvdtrun: tests/integration/launch/hvdtrun/test_elastic.py."""
 
 import pytest
 import torch

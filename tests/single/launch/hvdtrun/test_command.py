@@ -33,7 +33,7 @@ UNSUPPORTED = [
     ["--prefix-output-with-timestamp"], ["--log-hide-timestamp"], ["--no-log-hide-timestamp"], ["--gloo"],
     ["--mpi"], ["--jsrun"], ["--blacklist-cooldown-range", "60", "300"],
 ]
-ELASTIC = [  # taken with --host-discovery-script (tests/parallel/launch/hvdtrun/test_elastic.py runs them)
+ELASTIC = [  # taken with --host-discovery-script (tests/integration/launch/hvdtrun/test_elastic.py runs them)
     ["--min-np", "2"], ["--min-num-proc", "2"], ["--max-np", "4"], ["--max-num-proc", "4"],
     ["--slots-per-host", "2"], ["--elastic-timeout", "600"], ["--reset-limit", "3"],
 ]
