@@ -40,7 +40,7 @@ test-packages:
 	@[ "$$(id -u)" != 0 ] || sh scripts/install_test_packages.sh || echo "make: the test clusters' Debian packages could not be installed"
 
 # Where make test's time goes: each test file's seconds on a worker and how idle the cores sat
-# meanwhile (the suite's own time, 11 to 13 minutes): studies/suite_time/profile.json
+# meanwhile (the suite's own time, about 10 minutes): studies/suite_time/profile.json
 suite-profile: $(STAMP)
 	$(PYTHON) scripts/profile_suite.py
 
