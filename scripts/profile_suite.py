@@ -8,7 +8,7 @@ suite's wall time is made of. Results: studies/suite_time/profile.json and the t
 
     .venv/bin/python scripts/profile_suite.py [pytest arguments, default: make test's]
 
-(`... -n 2 --dist loadgroup tests/cluster` profiles `make test-cluster`.)
+(`... -n 2 --dist loadgroup tests/integration`, or `tests/cluster`, profiles the other two targets.)
 
 The same file is the pytest plugin (`-p profile_suite`) that records the tests' times."""
 
@@ -69,6 +69,12 @@ def idle_share(samples, start, end):
     return idle / seconds if seconds else 0.0
 
 
+def checkout_commit():
+    """The commit the profile measured (None outside a git checkout)."""
+    result = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return result.stdout.strip() or None
+
+
 # make test's (Makefile: PYTEST_XDIST and the tiers)
 MAKE_TEST_ARGS = ["-n", "2", "--dist", "loadgroup", "tests/single", "tests/parallel", "tests/gpu"]
 
@@ -101,7 +107,8 @@ def main():
     table = sorted(({"file": name, "seconds": round(e["seconds"], 1), "tests": e["tests"],
                      "idle_share": round(e["idle_seconds"] / e["seconds"], 3) if e["seconds"] else 0.0}
                     for name, e in files.items()), key=lambda row: -row["seconds"])
-    profile = {"date": time.strftime("%Y-%m-%d"), "pytest_args": pytest_args, "exit_status": result.returncode,
+    profile = {"date": time.strftime("%Y-%m-%d"), "commit": checkout_commit(), "pytest_args": pytest_args,
+               "exit_status": result.returncode,
                "wall_s": round(wall, 1), "cpus": os.cpu_count(),
                "idle_share": round(idle_share(samples, started, started + wall), 3),
                "worker_seconds": round(sum(row["seconds"] for row in table), 1), "files": table}
