@@ -25,16 +25,17 @@ run: $(STAMP)
 # them, as Horovod's test/integration does: hvdtrun's elastic jobs, Spark, and the studies' and
 # benchmarks' scripts; `make test-cluster` runs whole clusters (Slurm, Ray, Spark) on network-namespace
 # hosts. Together they would more than double every run of the first. CI runs all three.
-PYTEST_XDIST := -m pytest -q -n 2 --dist loadgroup
+XDIST      := -n 2 --dist loadgroup
+TEST_TIERS := tests/single tests/parallel tests/gpu
 
 test: $(STAMP) test-packages
-	$(PYTHON) $(PYTEST_XDIST) tests/single tests/parallel tests/gpu
+	$(PYTHON) -m pytest -q $(XDIST) $(TEST_TIERS)
 
 test-integration: $(STAMP) test-packages
-	$(PYTHON) $(PYTEST_XDIST) tests/integration
+	$(PYTHON) -m pytest -q $(XDIST) tests/integration
 
 test-cluster: $(STAMP) test-packages
-	$(PYTHON) $(PYTEST_XDIST) tests/cluster
+	$(PYTHON) -m pytest -q $(XDIST) tests/cluster
 
 test-packages:
 	@[ "$$(id -u)" != 0 ] || sh scripts/install_test_packages.sh || echo "make: the test clusters' Debian packages could not be installed"
@@ -42,7 +43,7 @@ test-packages:
 # Where make test's time goes: each test file's seconds on a worker and how idle the cores sat
 # meanwhile (the suite's own time, about 10 minutes): studies/suite_time/profile.json
 suite-profile: $(STAMP)
-	$(PYTHON) scripts/profile_suite.py
+	$(PYTHON) scripts/profile_suite.py $(XDIST) $(TEST_TIERS)
 
 # hvdtrain's image (Containerfile) for containers and Kubernetes (launcher=kubernetes), built with
 # podman; as root it installs podman, runc and debootstrap from Debian where they are missing.

@@ -6,9 +6,10 @@ A file whose tests leave the cores idle waits (for Slurm, a stall limit, a shape
 file that keeps them busy costs CPU, which on a 2-core machine running 2 workers is what the
 suite's wall time is made of. Results: studies/suite_time/profile.json and the table printed.
 
-    .venv/bin/python scripts/profile_suite.py [pytest arguments, default: make test's]
+    .venv/bin/python scripts/profile_suite.py PYTEST_ARGUMENTS
 
-(`... -n 2 --dist loadgroup tests/integration`, or `tests/cluster`, profiles the other two targets.)
+`make suite-profile` passes make test's (`-n 2 --dist loadgroup tests/single tests/parallel
+tests/gpu`); `... tests/integration`, or `tests/cluster`, profiles the other two targets.
 
 The same file is the pytest plugin (`-p profile_suite`) that records the tests' times."""
 
@@ -75,12 +76,10 @@ def checkout_commit():
     return result.stdout.strip() or None
 
 
-# make test's (Makefile: PYTEST_XDIST and the tiers)
-MAKE_TEST_ARGS = ["-n", "2", "--dist", "loadgroup", "tests/single", "tests/parallel", "tests/gpu"]
-
-
 def main():
-    pytest_args = sys.argv[1:] or MAKE_TEST_ARGS
+    pytest_args = sys.argv[1:]
+    if not pytest_args:
+        sys.exit("profile_suite: give the pytest arguments to profile (make suite-profile gives make test's)")
     times_dir = Path(tempfile.mkdtemp(prefix="profile_suite."))
     path = os.pathsep.join(filter(None, [str(ROOT / "scripts"), os.environ.get("PYTHONPATH")]))
     env = dict(os.environ, PYTHONPATH=path, **{TIMES_DIR_VARIABLE: str(times_dir)})
