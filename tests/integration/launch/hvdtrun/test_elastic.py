@@ -78,6 +78,13 @@ def uninterrupted_weights():
 NEVER = -1  # no step or epoch is
 
 
+def two_slot_hosts(where):
+    """The hosts file that the discovery script reads, to start with: this machine, 2 slots."""
+    hosts_file = where / "hosts"
+    hosts_file.write_text("localhost:2\n")
+    return hosts_file
+
+
 def start_hvdtrun(tmp_path, hosts_file, kill_at=NEVER, script_text=SCRIPT):
     """hvdtrun running `script_text`, whose rank 1 kills itself once at step (the torch script) or
     epoch (the Keras one) `kill_at`: (the process, its log, the script's progress file)."""
@@ -116,9 +123,7 @@ def assert_weights_of_an_uninterrupted_run(progress):
 def killed_at_step_12(tmp_path_factory):
     """(exit status, output, the progress file) of the script whose rank 1 is killed after step 12."""
     where = tmp_path_factory.mktemp("killed")
-    hosts_file = where / "hosts"
-    hosts_file.write_text("localhost:2\n")
-    process, log, progress = start_hvdtrun(where, hosts_file, kill_at=12)
+    process, log, progress = start_hvdtrun(where, two_slot_hosts(where), kill_at=12)
     return (*finished(process, log), progress)
 
 
@@ -149,8 +154,7 @@ def hosts_grown(tmp_path_factory):
     """(exit status, output, the progress file) of the script whose discovered hosts grow from 2
     slots to 3 after 15 steps."""
     where = tmp_path_factory.mktemp("grown")
-    hosts_file = where / "hosts"
-    hosts_file.write_text("localhost:2\n")
+    hosts_file = two_slot_hosts(where)
     process, log, progress = start_hvdtrun(where, hosts_file)
     wait_until(lambda: progress.exists() and len(progress.read_text().split("\n")) > 15, TIMEOUT, "15 steps")
     hosts_file.write_text("localhost:3\n")
@@ -228,8 +232,7 @@ def keras_runs(tmp_path_factory):
     """{"uninterrupted": (output, final weights), "killed": (output, final weights)} of the Keras
     script run without a kill and with rank 1 killed in epoch 2."""
     where = tmp_path_factory.mktemp("keras")
-    hosts_file = where / "hosts"
-    hosts_file.write_text("localhost:2\n")
+    hosts_file = two_slot_hosts(where)
     runs = {}
     for name, kill_at in (("uninterrupted", NEVER), ("killed", 2)):
         directory = where / name
