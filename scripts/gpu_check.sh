@@ -1,21 +1,26 @@
 #!/usr/bin/env bash
 # The GPU check (issues 17 and 32), on a machine with one GPU. Its parts, in PARTS (default: all;
-# about 10 minutes on an H100; a device session that has less runs the parts it needs most):
-#   tests     tests/gpu and the GPU path's tests;
+# 10-15 minutes on an H100; a device session that has less runs the parts it needs most):
+#   tests     tests/gpu and the GPU path's tests: world size 1 through NCCL; 2 and 3 ranks on the one
+#             GPU through host memory, and through NCCL with each rank named a host of its own
+#             (NCCL_HOSTID: NCCL's multi-node path over loopback sockets, for correctness only,
+#             its speed means nothing), collectives, DistributedOptimizer and the recipe's loop;
 #   recipe    the ResNet-50 ImageNet recipe through `hvdtrain` on a generated ImageNet-shaped tree
 #             (tasks/image_tree.py, 640 images), data.decode=gpu and bf16 for one epoch, then
 #             resumed on the CPU for a second;
 #   decode    throughput of that recipe from the JPEG tree with data.decode=gpu, with data.decode=cpu
 #             (16 loader workers), and from synthetic tensors, one run each a round (train_samples_per_s);
 #   allreduce the engine against one raw NCCL allreduce of ResNet-101's gradient bucket;
-#   training  throughput of hvdtrain at world size 1 through NCCL against a plain PyTorch loop
-#             (ResNet-50, AMP, batch 64), in alternating rounds, with hvdtrain's gradients in
-#             segments (the default) and one by one (HVDTRAIN_SEGMENT_BYTES=0, as before segments);
+#   training  throughput of hvdtrain at world size 1 through NCCL against a plain PyTorch loop and
+#             PyTorch DDP at world size 1 on NCCL (ResNet-50, AMP, batch 64), in alternating rounds,
+#             with hvdtrain's gradients in segments (the default) and one by one
+#             (HVDTRAIN_SEGMENT_BYTES=0, as before segments);
 #   overhead  what the optimizer costs the training thread a step, on 320 small gradients
 #             (scripts/bench_optimizer_overhead.py --device cuda, seconds);
 #   profile   a few steps of each loop under torch.profiler: traces, operator tables and how much
 #             of the time the GPU was busy, to study offline where hvdtrain's steps lose time.
-# Prints a summary; the details are under $OUT (default gpu_check/).
+# Writes summary.md and the raw outputs under $OUT (default studies/gpu_check/DATE), and prints the
+# summary; the generated images and the run directories stay out of it, under $SCRATCH.
 #
 # Where .venv is set up (this machine: `make test` made it) the check uses it. On a GPU machine of
 # the device tool, whose image holds torch, torchvision, CuPy and mpi4py but can fetch nothing, it
@@ -24,12 +29,14 @@
 #
 #     bash scripts/gpu_check.sh
 #     PARTS="tests recipe" ROUNDS=2 bash scripts/gpu_check.sh
+#     TESTS_TIMEOUT=300 bash scripts/gpu_check.sh     # the tests part stopped after 300 s (default 480)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-gpu_check}
+OUT=${OUT:-studies/gpu_check/$(date -u +%F)}
+SCRATCH=${SCRATCH:-${TMPDIR:-/tmp}/hvdtrain-gpu-check}
 ROUNDS=${ROUNDS:-3}
 PARTS=${PARTS:-tests recipe decode allreduce training overhead profile}
-mkdir -p "$OUT"
+mkdir -p "$OUT" "$SCRATCH"
 if [ -f .venv/.installed-stamp ]; then
     PY=.venv/bin/python
 elif [ -d gpu_wheels ] && python3 -c "import torch, torchvision, cupy, mpi4py" 2>/dev/null; then
@@ -50,18 +57,34 @@ wanted() { [[ " $PARTS " == *" $1 "* ]]; }
 $PY -c "import hvdtrain.torch as hvd, torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda, \
 'GPUs', torch.cuda.device_count(), '| nccl_built', hvd.nccl_built(), 'cuda_built', hvd.cuda_built())" \
     | tee -a "$OUT/gpu.txt"
+commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo "not known")}
 summary=()
 failed=0
+# The summary is written anew at every line said, so that a check stopped by a time limit leaves
+# the summary of the parts it finished.
+write_summary() {
+    {
+        echo "# GPU check, $(date -u '+%F %H:%M UTC')"
+        echo
+        echo "\`bash scripts/gpu_check.sh\` at commit $commit, parts: $PARTS; $ROUNDS rounds. The machine:"
+        echo
+        sed 's/^/    /' "$OUT/gpu.txt"
+        echo
+        [ ${#summary[@]} -eq 0 ] || printf -- '- %s\n' "${summary[@]}"
+    } > "$OUT/summary.md"
+}
+say() { summary+=("$1"); write_summary; }
+write_summary
 
 if wanted tests; then
-    $PY -m pytest -q -rs tests/gpu tests/single/core/test_cuda.py tests/single/core/test_nccl_backend.py \
+    timeout "${TESTS_TIMEOUT:-480}" $PY -m pytest -q -rs --durations=20 tests/gpu tests/single/core/test_cuda.py tests/single/core/test_nccl_backend.py \
         tests/parallel/core/test_cuda.py tests/parallel/core/test_nccl_backend.py > "$OUT/tests.txt" 2>&1 || failed=1
-    summary+=("tests: $(tail -1 "$OUT/tests.txt") ($OUT/tests.txt)")
+    say "tests: $(tail -1 "$OUT/tests.txt") ($OUT/tests.txt)"
 fi
 
 # An ImageNet-shaped tree of 10 classes, 64 training and 8 validation images each, for the recipe
-# and decode parts; its run directories under $OUT/runs.
-IMAGES="$OUT/images"
+# and decode parts; its run directories under $SCRATCH/runs.
+IMAGES="$SCRATCH/images"
 RECIPE=(recipe=resnet50_imagenet "data.root=$IMAGES" model.num_classes=10 train.batch_size=64 train.epochs=1
         schedule.warmup_epochs=1 train.autocast=bf16 train.channels_last=true cluster=local cluster.slots=1)
 if wanted recipe || wanted decode; then
@@ -73,17 +96,17 @@ results() { $PY -c "import json, sys; r = json.load(open(sys.argv[1])); print(ev
 
 # data.decode=auto, which the plan resolves to gpu on the GPU and to cpu on the resume on the CPU
 if wanted recipe; then
-    run="$OUT/runs/recipe"
+    run="$SCRATCH/runs/recipe"
     rm -rf "$run"
     if hvdtrain "${RECIPE[@]}" "hydra.run.dir=$run" > "$OUT/recipe.txt" 2>&1 \
         && hvdtrain "resume=$run" train.device=cpu train.epochs=2 >> "$OUT/recipe.txt" 2>&1; then
-        summary+=("recipe, ResNet-50 ImageNet, bf16, 1 epoch on the GPU then 1 resumed on the CPU: \
+        say "recipe, ResNet-50 ImageNet, bf16, 1 epoch on the GPU then 1 resumed on the CPU: \
 $(results "$run/results.json" "f\"epochs {r['epochs_completed']} of {r['epochs']}, val_top1 {r['metrics']['val_top1']:.1f}, \
 inputs of the last epoch {r.get('inputs_last_epoch')}\"") | the plans said: $(grep -E "^  decode" "$OUT/recipe.txt" | tr -s ' ' \
-| paste -sd';')")
+| paste -sd';')"
     else
         failed=1
-        summary+=("recipe failed: $(grep -E "^hvdtrain: " "$OUT/recipe.txt" | tail -2)")
+        say "recipe failed: $(grep -E "^hvdtrain: " "$OUT/recipe.txt" | tail -2)"
     fi
 fi
 
@@ -93,7 +116,7 @@ if wanted decode; then
     for round in $(seq "$ROUNDS"); do
         line="round $round:"
         for input in gpu cpu synthetic; do
-            run="$OUT/runs/decode-$input-$round"
+            run="$SCRATCH/runs/decode-$input-$round"
             rm -rf "$run"
             case $input in
                 gpu) args=("${RECIPE[@]}" data.decode=gpu) ;;
@@ -106,21 +129,21 @@ if wanted decode; then
         echo "$line img/s" | tee -a "$OUT/decode-rounds.txt"
         rates+=("$line")
     done
-    summary+=("decode, ResNet-50 bf16 channels_last batch 64, img/s in training steps (gpu = nvJPEG, cpu = PIL in 16 \
-workers, synthetic tensors; goal gpu >= 0.90 of synthetic): ${rates[*]}")
+    say "decode, ResNet-50 bf16 channels_last batch 64, img/s in training steps (gpu = nvJPEG, cpu = PIL in 16 \
+workers, synthetic tensors; goal gpu >= 0.90 of synthetic): ${rates[*]}"
 fi
 
 if wanted allreduce; then
     if $PY scripts/bench_allreduce.py --device cuda --rounds 5 --json "$OUT/allreduce.json" > "$OUT/allreduce.txt" 2>&1
     then
-        summary+=("$(grep -E "raw NCCL|engine," "$OUT/allreduce.txt")")
+        say "$(grep -E "raw NCCL|engine," "$OUT/allreduce.txt")"
     else
         failed=1
-        summary+=("bench_allreduce --device cuda failed: $(tail -3 "$OUT/allreduce.txt")")
+        say "bench_allreduce --device cuda failed: $(tail -3 "$OUT/allreduce.txt")"
     fi
 fi
 
-# Throughput, img/s: the plain loop and hvdtrain in turns, a ratio within each round. hvdtrain runs
+# Throughput, img/s: the plain loop, hvdtrain and DDP in turns, ratios within each round. hvdtrain runs
 # with HOROVOD_ELASTIC=1: at world size 1 the DistributedOptimizer, like Horovod's, reduces only in
 # an elastic job (whose world may grow), and the point here is to measure its reductions.
 bench() {
@@ -133,27 +156,32 @@ median() { $PY -c "import statistics, sys; print(statistics.median(map(float, sy
 if wanted training; then
     ratios=()
     per_gradient_ratios=()
+    ddp_ratios=()
     for round in $(seq "$ROUNDS"); do
         plain=$(bench --plain)
         engine=$(HOROVOD_ELASTIC=1 bench)
         per_gradient=$(HOROVOD_ELASTIC=1 HVDTRAIN_SEGMENT_BYTES=0 bench)
-        echo "round $round: plain $plain img/s, hvdtrain $engine img/s, hvdtrain per gradient $per_gradient img/s" \
-            | tee -a "$OUT/training.txt"
+        ddp=$(bench --ddp)
+        echo "round $round: plain $plain img/s, hvdtrain $engine img/s, hvdtrain per gradient $per_gradient img/s," \
+            "DDP $ddp img/s" | tee -a "$OUT/training.txt"
         ratios+=("$(ratio "$engine" "$plain")")
         per_gradient_ratios+=("$(ratio "$per_gradient" "$plain")")
+        ddp_ratios+=("$(ratio "$engine" "$ddp")")
     done
-    summary+=("training, ResNet-50 AMP batch 64, hvdtrain (NCCL, world size 1) / plain PyTorch: median \
-$(median "${ratios[@]}") (rounds: ${ratios[*]}; goal >= 0.98)")
-    summary+=("  the same, gradients submitted one by one (HVDTRAIN_SEGMENT_BYTES=0): median \
-$(median "${per_gradient_ratios[@]}") (rounds: ${per_gradient_ratios[*]})")
+    say "training, ResNet-50 AMP batch 64, hvdtrain (NCCL, world size 1) / plain PyTorch: median \
+$(median "${ratios[@]}") (rounds: ${ratios[*]}; goal >= 0.98)"
+    say "  the same, gradients submitted one by one (HVDTRAIN_SEGMENT_BYTES=0): median \
+$(median "${per_gradient_ratios[@]}") (rounds: ${per_gradient_ratios[*]})"
+    say "  hvdtrain / PyTorch DDP (NCCL, world size 1): median $(median "${ddp_ratios[@]}") \
+(rounds: ${ddp_ratios[*]}; goal >= 1)"
 fi
 
 if wanted overhead; then
     if $PY scripts/bench_optimizer_overhead.py --device cuda > "$OUT/overhead.txt" 2>&1; then
-        summary+=("optimizer overhead on the training thread: $(tail -1 "$OUT/overhead.txt")")
+        say "optimizer overhead on the training thread: $(tail -1 "$OUT/overhead.txt")"
     else
         failed=1
-        summary+=("bench_optimizer_overhead --device cuda failed: $(tail -3 "$OUT/overhead.txt")")
+        say "bench_optimizer_overhead --device cuda failed: $(tail -3 "$OUT/overhead.txt")"
     fi
 fi
 
@@ -163,12 +191,10 @@ if wanted profile; then
         HOROVOD_ELASTIC=1 $PY scripts/synthetic_benchmark.py --model resnet50 --amp --batch-size 64 \
             --num-warmup-batches 10 --num-iters 1 "${flags[@]}" --profile "$OUT/profile-$loop" \
             > "$OUT/profile-$loop.txt" 2>&1 || failed=1
-        summary+=("profile, $loop: $(grep -E "^Profile of" "$OUT/profile-$loop.txt" || tail -1 "$OUT/profile-$loop.txt")")
+        say "profile, $loop: $(grep -E "^Profile of" "$OUT/profile-$loop.txt" || tail -1 "$OUT/profile-$loop.txt")"
     done
 fi
 
 echo
-echo "== GPU check summary (parts: $PARTS) =="
-cat "$OUT/gpu.txt"
-printf '%s\n' "${summary[@]}"
+cat "$OUT/summary.md"
 exit $failed

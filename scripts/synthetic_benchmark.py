@@ -3,7 +3,7 @@ synthetic benchmarks for PyTorch and TensorFlow 2.
 
     mpirun -np 2 python scripts/synthetic_benchmark.py --model resnet50 --batch-size 8 --no-cuda
     mpirun -np 2 python scripts/synthetic_benchmark.py --framework tensorflow --model resnet50 ...
-    mpirun -np 2 python scripts/synthetic_benchmark.py --ddp ...     # PyTorch DDP on gloo instead
+    mpirun -np 2 python scripts/synthetic_benchmark.py --ddp ...     # PyTorch DDP instead
     python scripts/synthetic_benchmark.py --no-cuda ...               # one process: the plain loop
     python scripts/synthetic_benchmark.py --plain --amp --batch-size 64  # one GPU, no hvdtrain at all
     HOROVOD_ELASTIC=1 python scripts/synthetic_benchmark.py --amp --batch-size 64  # the engine, one GPU
@@ -13,8 +13,8 @@ trains the Keras application of the same name (resnet50: ResNet50, inception_v3:
 with hvdtrain.tensorflow's DistributedGradientTape in a tf.function, as Horovod's
 tensorflow2_synthetic_benchmark.py does. Both use SGD with LR 0.01 and are timed alike: on a GPU,
 a step returns once its work is queued, so the device is synchronised before every clock reading.
---ddp runs the PyTorch loop with torch.nn.parallel.DistributedDataParallel (gloo backend), its
-ranks and rendezvous taken from mpirun's environment, for a side-by-side figure. --plain runs the
+--ddp runs the PyTorch loop with torch.nn.parallel.DistributedDataParallel (NCCL on a GPU, gloo on
+the CPU), its ranks and rendezvous taken from mpirun's environment, for a side-by-side figure. --plain runs the
 loop without hvdtrain at all. --amp trains under fp16 autocast with a GradScaler, in Horovod's
 pattern (synchronize, unscale, step with skip_synchronize). --profile DIR runs a few more steps
 under torch.profiler after the timed ones and writes, per rank, a Chrome trace (Perfetto opens it)
@@ -199,7 +199,8 @@ def _hvdtrain_torch(model, optimizer, args):
 
 
 def _distributed_data_parallel(model, optimizer, args):
-    """The same loop with PyTorch's own data parallelism on the gloo backend."""
+    """The same loop with PyTorch's own data parallelism: NCCL where the model is on a GPU, gloo
+    on the CPU."""
     import torch
     import torch.distributed as dist
 
@@ -209,8 +210,11 @@ def _distributed_data_parallel(model, optimizer, args):
     size = int(os.environ.get("OMPI_COMM_WORLD_SIZE", os.environ.get("WORLD_SIZE", 1)))
     address = os.environ.get("MASTER_ADDR", "127.0.0.1")
     port = os.environ.get("MASTER_PORT", "29512")
-    dist.init_process_group("gloo", init_method=f"tcp://{address}:{port}", rank=rank, world_size=size)
-    return rank, size, torch.nn.parallel.DistributedDataParallel(model), optimizer
+    on_gpu = next(model.parameters()).is_cuda
+    dist.init_process_group("nccl" if on_gpu else "gloo", init_method=f"tcp://{address}:{port}", rank=rank,
+                            world_size=size)
+    device_ids = [torch.cuda.current_device()] if on_gpu else None
+    return rank, size, torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids), optimizer
 
 
 def tensorflow_job(args):

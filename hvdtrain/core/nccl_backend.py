@@ -13,6 +13,7 @@ streams wait on (finish); the buffers a step uses are kept alive until that even
 
 import collections
 import math
+import os
 import time
 
 import numpy as np
@@ -102,7 +103,7 @@ def start_on_devices(comm, device_of, what, needs_nccl):
         if needs_nccl:
             cuda.nccl()
         device = device_of()
-        return device, (_host_name(), _pci_bus_id(device))
+        return device, (nccl_host(), _pci_bus_id(device))
 
     results = agree_to_start(comm, prepare, what)
     return results[comm.Get_rank()][0], [placement for _, placement in results]
@@ -428,10 +429,13 @@ def _row_bytes(array):
     return math.prod(array.shape[1:]) * array.itemsize
 
 
-def _host_name():
+def nccl_host():
+    """The host of this rank as NCCL tells hosts apart, which is what its duplicate-GPU rule
+    compares: NCCL_HOSTID where it is set (containers of one machine, or test ranks that share
+    its one GPU and talk as hosts of their own over NCCL's network transport), else the host name."""
     import socket
 
-    return socket.gethostname()
+    return os.environ.get("NCCL_HOSTID") or socket.gethostname()
 
 
 def _pci_bus_id(device):

@@ -1,6 +1,7 @@
 """Collectives on CUDA tensors through hvdtrain.torch: exact results for every operation,
 several dtypes and shapes, fused and unfused; at world size 1 through NCCL, and at 2 and 3
-ranks sharing one GPU through the host-staged path. And the ordering of GPU work: a tensor
+ranks sharing one GPU both through host memory and through NCCL, the ranks joined as hosts of
+their own (gpu/support.py). And the ordering of GPU work: a tensor
 written by a kernel on the caller's stream right before it is submitted is reduced with its
 final values, with no host synchronisation in between."""
 
@@ -108,15 +109,20 @@ def test_collectives_through_nccl_on_one_gpu(alone):
     assert "rank 0 collectives ok" in alone(ranks_collectives, timeout=300).stdout
 
 
+@pytest.mark.parametrize("way", SHARED_GPU)
 @pytest.mark.parametrize("num_proc", [2, 3])
-def test_collectives_through_host_memory_on_a_shared_gpu(mpirun, num_proc):
-    result = mpirun(num_proc, ranks_collectives, timeout=400, env=SHARED_GPU)
+def test_collectives_of_ranks_sharing_a_gpu(mpirun, num_proc, way):
+    result = mpirun(num_proc, ranks_collectives, timeout=400, env=SHARED_GPU[way])
     assert all(f"rank {r} collectives ok" in result.stdout for r in range(num_proc)), result.stdout
 
 
-def test_a_kernel_still_running_on_the_callers_stream_is_waited_for(alone, mpirun):
+def test_a_kernel_still_running_on_the_callers_stream_is_waited_for_alone(alone):
     assert "rank 0 ordering ok" in alone(ranks_ordering).stdout
-    result = mpirun(2, ranks_ordering, timeout=180, env=SHARED_GPU)
+
+
+@pytest.mark.parametrize("way", SHARED_GPU)
+def test_a_kernel_still_running_on_the_callers_stream_is_waited_for_by_ranks_sharing_a_gpu(mpirun, way):
+    result = mpirun(2, ranks_ordering, timeout=180, env=SHARED_GPU[way])
     assert "rank 1 ordering ok" in result.stdout, result.stdout
 
 

@@ -1,7 +1,8 @@
 """Training on CUDA with hvdtrain.torch: DistributedOptimizer on N ranks x batch b ends with the
 weights of one process with batch N*b (float64; backward_passes_per_step 1 and 2); Horovod's AMP
 pattern with GradScaler; SyncBatchNorm against BatchNorm over the whole batch; fp16 compression
-on the device."""
+on the device. Several ranks share the one GPU through host memory or through NCCL, the ranks
+joined as hosts of their own (gpu/support.py)."""
 
 import pytest
 import torch
@@ -121,12 +122,13 @@ def test_distributed_optimizer_on_one_gpu_through_nccl(alone, segment_bytes):
     assert "rank 0 training ok" in alone(ranks_equivalence, timeout=300, env=env).stdout
 
 
+@pytest.mark.parametrize("way", SHARED_GPU)
 @pytest.mark.parametrize("num_proc", [2, 3])
-def test_distributed_optimizer_matches_the_large_batch_on_a_shared_gpu(mpirun, num_proc):
-    result = mpirun(num_proc, ranks_equivalence, timeout=300, env=SHARED_GPU)
+def test_distributed_optimizer_matches_the_large_batch_on_a_shared_gpu(mpirun, num_proc, way):
+    result = mpirun(num_proc, ranks_equivalence, timeout=300, env=SHARED_GPU[way])
     assert all(f"rank {k} training ok" in result.stdout for k in range(num_proc)), result.stdout
 
 
 def test_sync_batch_norm_on_cuda_matches_batch_norm_over_the_whole_batch(mpirun):
-    result = mpirun(2, ranks_sync_batch_norm, timeout=180, env=SHARED_GPU)
+    result = mpirun(2, ranks_sync_batch_norm, timeout=180, env=SHARED_GPU["NCCL, ranks as hosts"])
     assert "rank 1 sync batch norm ok" in result.stdout, result.stdout

@@ -1,10 +1,12 @@
 """The NCCL backend's plans, without a GPU (hvdtrain/core/nccl_backend.py): large tensors are
 reduced whole and small ones packed up to the fusion threshold, and ranks that share a GPU are
-found. Its collectives on ranks are in tests/parallel/core/test_nccl_backend.py and
-test_backend.py; what needs a device in tests/gpu/."""
+found, on hosts as NCCL tells them apart. Its collectives on ranks are in
+tests/parallel/core/test_nccl_backend.py and test_backend.py; what needs a device in tests/gpu/."""
+
+import socket
 
 from hvdtrain.core.fusion import Pack, Piece
-from hvdtrain.core.nccl_backend import allreduce_steps, duplicate_devices
+from hvdtrain.core.nccl_backend import allreduce_steps, duplicate_devices, nccl_host
 from hvdtrain.core.settings import MIB, Settings
 
 
@@ -25,3 +27,10 @@ def test_ranks_that_share_a_gpu_are_found():
     placements = [("a", "0000:01:00.0"), ("a", "0000:02:00.0"), ("b", "0000:01:00.0"), ("a", "0000:01:00.0")]
     assert duplicate_devices(placements) == [[0, 3]]
     assert duplicate_devices(placements[:3]) == []
+
+
+def test_hosts_are_told_apart_as_nccl_tells_them(monkeypatch):
+    monkeypatch.delenv("NCCL_HOSTID", raising=False)
+    assert nccl_host() == socket.gethostname()
+    monkeypatch.setenv("NCCL_HOSTID", "rank-1")  # ranks named as hosts of their own may share a GPU
+    assert nccl_host() == "rank-1"
