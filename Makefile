@@ -22,8 +22,8 @@ run: $(STAMP)
 # groups tests/conftest.py sets: the suite is bound by the CPU that starting ranks takes, and a
 # third worker on 2 cores was slower, not faster. `make test` is the in-process, multi-rank and GPU
 # tiers: the library and the hvdtrain command. `make test-integration` runs whole programs around
-# them, as Horovod's test/integration does: hvdtrun's elastic jobs, Spark, and the studies' and
-# benchmarks' scripts; `make test-cluster` runs whole clusters (Slurm, Ray, Spark) on network-namespace
+# them, as Horovod's test/integration does: hvdtrun's elastic jobs, Spark, the ImageNet recipe trained
+# to its target from generated JPEGs, and the studies' and benchmarks' scripts; `make test-cluster` runs whole clusters (Slurm, Ray, Spark) on network-namespace
 # hosts. Together they would add about four fifths to every run of the first. CI runs all three.
 XDIST      := -n 2 --dist loadgroup
 TEST_TIERS := tests/single tests/parallel tests/gpu

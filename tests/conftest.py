@@ -2,9 +2,10 @@
 
 The suite is cut by what a test starts: tests/single/ runs in the test process itself,
 tests/parallel/ starts real ranks (mpirun) or the hvdtrain command as a user runs it,
-tests/integration/ runs whole programs around them (hvdtrun's elastic jobs, Spark, the studies'
-and benchmarks' scripts), tests/cluster/ needs hosts made of network namespaces or a Slurm
-cluster (root), and tests/gpu/ needs a GPU. Within each, the tests mirror the package."""
+tests/integration/ runs whole programs around them (hvdtrun's elastic jobs, Spark, a recipe trained
+to its target, the studies' and benchmarks' scripts), tests/cluster/ needs hosts made of network
+namespaces or a Slurm cluster (root), and tests/gpu/ needs a GPU. Within each, the tests mirror the
+package."""
 
 from pathlib import Path
 
