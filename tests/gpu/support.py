@@ -15,7 +15,8 @@ import torch
 RANKS_AS_HOSTS_VARIABLE = "HVDTRAIN_TEST_RANKS_AS_HOSTS"
 SHARED_GPU = {
     "through host memory": {"HOROVOD_GPU_OPERATIONS": "MPI"},
-    "NCCL, ranks as hosts": {RANKS_AS_HOSTS_VARIABLE: "1", "NCCL_SOCKET_IFNAME": "lo", "NCCL_IB_DISABLE": "1"},
+    "NCCL, ranks as hosts": {RANKS_AS_HOSTS_VARIABLE: "1", "NCCL_NET": "Socket", "NCCL_IB_DISABLE": "1",
+                             "NCCL_SOCKET_IFNAME": "lo"},
 }
 
 
