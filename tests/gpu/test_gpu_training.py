@@ -129,6 +129,7 @@ def test_distributed_optimizer_matches_the_large_batch_on_a_shared_gpu(mpirun, n
     assert all(f"rank {k} training ok" in result.stdout for k in range(num_proc)), result.stdout
 
 
-def test_sync_batch_norm_on_cuda_matches_batch_norm_over_the_whole_batch(mpirun):
-    result = mpirun(2, ranks_sync_batch_norm, timeout=180, env=SHARED_GPU["NCCL, ranks as hosts"])
+@pytest.mark.parametrize("way", SHARED_GPU)
+def test_sync_batch_norm_on_cuda_matches_batch_norm_over_the_whole_batch(mpirun, way):
+    result = mpirun(2, ranks_sync_batch_norm, timeout=180, env=SHARED_GPU[way])
     assert "rank 1 sync batch norm ok" in result.stdout, result.stdout
