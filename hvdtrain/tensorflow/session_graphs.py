@@ -28,6 +28,7 @@ collective's channel, and `Session.run`, wrapped as the constructor is, raises t
 in place of the UnknownError of a `finish` op.
 """
 
+import atexit
 import itertools
 import queue
 import threading
@@ -36,6 +37,9 @@ import weakref
 import numpy as np
 import tensorflow as tf
 from tensorflow.python.client.session import BaseSession
+
+# How long the exit waits for the thread below to hand over what it has in hand (normally nothing).
+EXIT_WAIT_S = 10.0
 
 # graph -> its sessions, recorded as they are made.
 _sessions_of = weakref.WeakKeyDictionary()
@@ -142,9 +146,16 @@ class _Deliveries:
     def __init__(self):
         self._tickets = itertools.count()
         self._outcomes = {}  # ticket -> (channel, results, error), until `finish` takes them
-        self._started = queue.SimpleQueue()
+        self._started = queue.SimpleQueue()  # (ticket, channel, wait), or None: stop
         self._thread = None
         self._lock = threading.Lock()
+        # The thread ends before the interpreter finalizes. A session it held the last reference
+        # to is deleted on it, in TensorFlow's C++ without the GIL, and Python ends a daemon thread
+        # that wants the GIL back once it is finalizing (pthread_exit), which TensorFlow's C++
+        # turns into an abort of a process that had finished its work. Registered at import,
+        # before hvd.init() registers the core's shutdown, this runs after it (exit handlers run
+        # last registered first): by then every collective the thread waits for has ended.
+        atexit.register(self._stop)
 
     def start(self, channel, start, arrays):
         wait = start(arrays)  # an error of the arguments is raised here, in the start op
@@ -157,9 +168,19 @@ class _Deliveries:
         self._started.put((ticket, channel, wait))
         return ticket
 
+    def _stop(self):
+        with self._lock:
+            thread = self._thread
+        if thread is not None and thread.is_alive():
+            self._started.put(None)
+            thread.join(EXIT_WAIT_S)
+
     def _deliver(self):
         while True:
-            ticket, channel, wait = self._started.get()
+            started = self._started.get()
+            if started is None:
+                return
+            ticket, channel, wait = started
             try:
                 outcome = (channel, wait(), None)
             except Exception as error:  # noqa: BLE001 (raised by `finish`, in the step that waits for it)

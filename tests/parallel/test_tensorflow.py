@@ -98,6 +98,32 @@ def test_importing_it_imports_tensorflow_not_torch_and_it_works_alone():
     assert "tensorflow" in modules and "torch" not in modules
 
 
+# The thread that signals a TF1 session's collectives finished must be done before the interpreter
+# finalizes: a session it held the last reference to is deleted on it, in TensorFlow's C++ without
+# the GIL, and Python ends a daemon thread that wants the GIL back after that (pthread_exit), which
+# TensorFlow's C++ turns into an abort of the finished process. The probe is registered before
+# hvdtrain.tensorflow's import and hvd.init(), so that it runs after their exit handlers.
+SESSION_EXIT = """
+import atexit, threading
+signalling = lambda: [t for t in threading.enumerate() if t.name == "hvdtrain-session-collectives" and t.is_alive()]
+atexit.register(lambda: print("signalling thread alive at exit:", bool(signalling())))
+import tensorflow as tf
+import hvdtrain.tensorflow as hvd
+hvd.init()
+with tf.Graph().as_default():
+    total = hvd.allreduce(tf.constant([1.0, 2.0]), op=hvd.Sum)
+    with tf.compat.v1.Session() as session:
+        assert session.run(total).tolist() == [1.0, 2.0]
+"""
+
+
+def test_the_thread_of_a_sessions_collectives_ends_before_the_interpreter_finalizes():
+    result = subprocess.run([sys.executable, "-c", SESSION_EXIT], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, **QUIET})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "signalling thread alive at exit: False", result.stdout
+
+
 # ----------------------------------------------------------------------------- collectives
 
 
