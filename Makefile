@@ -24,7 +24,7 @@ run: $(STAMP)
 # tiers: the library and the hvdtrain command. `make test-integration` runs whole programs around
 # them, as Horovod's test/integration does: hvdtrun's elastic jobs, Spark, the ImageNet recipe trained
 # to its target from generated JPEGs, and the studies' and benchmarks' scripts; `make test-cluster` runs whole clusters (Slurm, Ray, Spark) on network-namespace
-# hosts. Together they would add about four fifths to every run of the first. CI runs all three.
+# hosts. Together they would add 80 to 100 % to every run of the first. CI runs all three.
 XDIST      := -n 2 --dist loadgroup
 TEST_TIERS := tests/single tests/parallel tests/gpu
 
