@@ -431,8 +431,8 @@ def _row_bytes(array):
 
 def nccl_host():
     """The host of this rank as NCCL tells hosts apart, which is what its duplicate-GPU rule
-    compares: NCCL_HOSTID where it is set (containers of one machine, or test ranks that share
-    its one GPU and talk as hosts of their own over NCCL's network transport), else the host name."""
+    compares: NCCL_HOSTID where it is set (ranks in containers of one machine, or ranks that share
+    a GPU and that NCCL is to join over its network transport), else the host name."""
     import socket
 
     return os.environ.get("NCCL_HOSTID") or socket.gethostname()
