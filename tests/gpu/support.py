@@ -13,11 +13,9 @@ import torch
 #   through its network transport over loopback sockets: NCCL's multi-node path, on one GPU.
 #   What runs this way is checked for correctness only; its speed is the sockets'.
 RANKS_AS_HOSTS_VARIABLE = "HVDTRAIN_TEST_RANKS_AS_HOSTS"
-SHARED_GPU = {
-    "through host memory": {"HOROVOD_GPU_OPERATIONS": "MPI"},
-    "NCCL, ranks as hosts": {RANKS_AS_HOSTS_VARIABLE: "1", "NCCL_NET": "Socket", "NCCL_IB_DISABLE": "1",
-                             "NCCL_SOCKET_IFNAME": "lo"},
-}
+RANKS_AS_HOSTS = {RANKS_AS_HOSTS_VARIABLE: "1", "NCCL_NET": "Socket", "NCCL_IB_DISABLE": "1",
+                  "NCCL_SOCKET_IFNAME": "lo"}
+SHARED_GPU = {"through host memory": {"HOROVOD_GPU_OPERATIONS": "MPI"}, "NCCL, ranks as hosts": RANKS_AS_HOSTS}
 
 
 def gpu_of_local_rank(hvd):

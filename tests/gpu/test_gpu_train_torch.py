@@ -10,7 +10,7 @@ from unittest import mock
 
 import pytest
 
-from gpu.support import SHARED_GPU, gpu_of_local_rank
+from gpu.support import RANKS_AS_HOSTS, gpu_of_local_rank
 from hvdtrain.tasks.image_tree import make_image_tree
 from support.commands import results_of
 
@@ -46,7 +46,7 @@ def tree(tmp_path_factory):
 def test_the_imagenet_recipe_trains_on_ranks_sharing_a_gpu_through_nccl(mpirun, tree, tmp_path, num_proc):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    result = mpirun(num_proc, ranks_recipe, tree, run_dir, timeout=400, env=SHARED_GPU["NCCL, ranks as hosts"])
+    result = mpirun(num_proc, ranks_recipe, tree, run_dir, timeout=400, env=RANKS_AS_HOSTS)
     assert all(f"rank {r} recipe ok" in result.stdout for r in range(num_proc)), result.stdout
     results = results_of(run_dir)
     steps = CLASSES * PER_CLASS // (num_proc * BATCH)
