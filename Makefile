@@ -22,9 +22,10 @@ run: $(STAMP)
 # groups tests/conftest.py sets: the suite is bound by the CPU that starting ranks takes, and a
 # third worker on 2 cores was slower, not faster. `make test` is the in-process, multi-rank and GPU
 # tiers: the library and the hvdtrain command. `make test-integration` runs whole programs around
-# them, as Horovod's test/integration does: hvdtrun's elastic jobs, Spark, the ImageNet recipe trained
-# to its target from generated JPEGs, and the studies' and benchmarks' scripts; `make test-cluster` runs whole clusters (Slurm, Ray, Spark) on network-namespace
-# hosts. Together they would add 80 to 100 % to every run of the first. CI runs all three.
+# them, as Horovod's test/integration does: hvdtrun's elastic jobs, Spark, the ImageNet recipe
+# trained to its target from generated JPEGs, and the studies' and benchmarks' scripts; `make
+# test-cluster` runs whole clusters (Slurm, Ray, Spark) on network-namespace hosts. Together they
+# would add 80 to 100 % to every run of the first. CI runs all three.
 XDIST      := -n 2 --dist loadgroup
 TEST_TIERS := tests/single tests/parallel tests/gpu
 
