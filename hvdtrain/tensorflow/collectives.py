@@ -36,6 +36,7 @@ import weakref
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.eager import record
 
 from hvdtrain import core
 from hvdtrain.core import global_process_set
@@ -67,21 +68,67 @@ def _run_on_core(start, tensors, dtypes, kind):
         return session_graphs.run_on_core(lambda arrays: _with_horovod_errors(start(arrays)), tensors, dtypes, kind)
     graph = tf.compat.v1.get_default_graph()
     previous = _last_collective_op.get(graph)
-    with tf.control_dependencies([] if previous is None else [previous]):
+    with tf.control_dependencies([] if previous is None else [graph.get_operation_by_name(previous)]):
         # Inside a graph, TensorFlow hands 0-d inputs over as NumPy scalars; a ValueError or
         # TypeError raised there reaches the caller as InvalidArgumentError.
         results = tf.numpy_function(lambda *arrays: start([np.asarray(a) for a in arrays])(), list(tensors),
                                     list(dtypes), stateful=True, name=f"Horovod{kind}")
     if not dtypes:
-        _last_collective_op[graph] = results  # an op without outputs
+        _last_collective_op[graph] = results.name  # an op without outputs
         return []
-    _last_collective_op[graph] = results[0].op
+    _last_collective_op[graph] = results[0].op.name
     return results
 
 
-# The newest collective op of each graph (tf.function, backward function, branch), which the
-# next one built there waits for.
+# The name of the newest collective op of each graph (tf.function, backward function, branch),
+# which the next one built there waits for. A name, not the op: the op would keep its graph, the
+# key, alive.
 _last_collective_op = weakref.WeakKeyDictionary()
+
+
+# ----------------------------------------------------------------------------- gradients
+
+_GRADIENT = "HvdtrainCollective"
+
+
+def _differentiable(forward):
+    """tf.custom_gradient for the collectives below, whose `forward(*inputs)` returns (results,
+    gradient function). Eagerly it is tf.custom_gradient. In a graph (TF1 or tf.function),
+    tf.custom_gradient registers every call's gradient function under a new name in
+    TensorFlow's global gradient registry, where it keeps its graph alive for good; here the
+    results pass through an IdentityN op whose one registered gradient (_passed_gradient) finds
+    the call's function on that op, so that the graph owns it. As tf.custom_gradient does, the
+    call is also recorded on the tapes watching it (a GradientTape inside a tf.function)."""
+
+    def differentiated(*inputs):
+        if tf.executing_eagerly():
+            return tf.custom_gradient(forward)(*inputs)
+        inputs = [tf.convert_to_tensor(t) for t in inputs]
+        results, gradient = forward(*inputs)
+        count = len(results)
+
+        def backward(*upstream):
+            # IdentityN passes the inputs through as well, which have no gradient of their own
+            return [None] * count + list(gradient(*upstream[:count]))
+
+        graph = tf.compat.v1.get_default_graph()
+        with graph.gradient_override_map({"IdentityN": _GRADIENT}):
+            passed = tf.identity_n(list(results) + inputs)
+        passed[0].op._hvdtrain_gradient = backward
+        record.record_operation(forward.__name__, passed, list(results) + inputs, backward)
+        return type(results)(passed[:count])
+
+    return differentiated
+
+
+@tf.RegisterGradient(_GRADIENT)
+def _passed_gradient(op, *upstream):
+    try:
+        backward = op._hvdtrain_gradient
+    except AttributeError:  # the op of a graph copied or imported: its Python function stayed behind
+        raise LookupError(f"the gradient of hvdtrain's collective {op.name} is only known in the graph that "
+                          "built it; differentiate it there") from None
+    return backward(*upstream)
 
 
 def _with_horovod_errors(run):
@@ -169,7 +216,7 @@ def _reduce(tensors, name, op, prescale, postscale, process_set):
     (negotiated and fused together). Differentiable as in Horovod: the gradient is the same
     reduction of the incoming gradients."""
 
-    @tf.custom_gradient
+    @_differentiable
     def reduce(*inputs):
         def start(arrays):
             outputs = [_aligned_empty_like(a) for a in arrays]
@@ -195,7 +242,7 @@ def _gather(tensors, name, process_set):
     Gradient (Horovod's): the incoming gradient averaged over ranks, of which each rank
     keeps the rows it contributed."""
 
-    @tf.custom_gradient
+    @_differentiable
     def gather(*inputs):
         names = _member_names(name, len(inputs))
 
@@ -223,7 +270,7 @@ def _broadcast(tensors, root_rank, name, process_set):
     """Every rank receives root_rank's tensors. Gradient (Horovod's): the incoming gradient
     averaged over ranks on the root, zero elsewhere."""
 
-    @tf.custom_gradient
+    @_differentiable
     def broadcast(*inputs):
         names = _member_names(name, len(inputs))
 
@@ -254,7 +301,7 @@ def _alltoall(tensor, splits, name, process_set):
     """Send splits[i] rows to rank i; returns the rows received and how many came from each
     rank (an empty `splits` divides the rows evenly). Gradient: the reverse exchange."""
 
-    @tf.custom_gradient
+    @_differentiable
     def exchange(rows, row_splits):
         def start(arrays):
             array, split_array = arrays
@@ -284,7 +331,7 @@ def _reducescatter(tensors, name, op, prescale, postscale, process_set):
     (Horovod's): allgather of the incoming gradients times the scale factors, and times the
     size for Sum."""
 
-    @tf.custom_gradient
+    @_differentiable
     def scatter(*inputs):
         names = _member_names(name, len(inputs))
 

@@ -180,14 +180,19 @@ class _Deliveries:
             started = self._started.get()
             if started is None:
                 return
-            ticket, channel, wait = started
-            try:
-                outcome = (channel, wait(), None)
-            except Exception as error:  # noqa: BLE001 (raised by `finish`, in the step that waits for it)
-                outcome = (channel, None, error)
-            with self._lock:
-                self._outcomes[ticket] = outcome
-            channel.signal(np.int64(ticket))
+            self._deliver_one(*started)
+            # nothing of the collective stays referenced here while the next is awaited: its
+            # channel's ops would keep their graph alive
+            del started
+
+    def _deliver_one(self, ticket, channel, wait):
+        try:
+            outcome = (channel, wait(), None)
+        except Exception as error:  # noqa: BLE001 (raised by `finish`, in the step that waits for it)
+            outcome = (channel, None, error)
+        with self._lock:
+            self._outcomes[ticket] = outcome
+        channel.signal(np.int64(ticket))
 
     def finish(self, ticket):
         ticket = int(ticket)

@@ -124,6 +124,52 @@ def test_the_thread_of_a_sessions_collectives_ends_before_the_interpreter_finali
     assert result.stdout.strip().splitlines()[-1] == "signalling thread alive at exit: False", result.stdout
 
 
+# A graph that holds collectives and their gradients is freed once its program drops it, as one
+# without them is: a TF1 program or an Estimator may build many, and each tf.function trace is one.
+# Each script builds one, checks the gradient it gives and prints whether it outlived a collection.
+FREED_GRAPH = """
+import gc, weakref
+import tensorflow as tf
+import hvdtrain.tensorflow as hvd
+hvd.init()
+
+def built():
+    x = tf.constant([1.0, 2.0])
+{build}
+    return weakref.ref(graph)
+
+graph = built()
+gc.collect()
+print("graph alive after collection:", graph() is not None)
+"""
+GRAPH_BUILDS = {
+    "session graph": """
+    with tf.Graph().as_default() as graph:
+        x = tf.constant([1.0, 2.0])
+        (gradient,) = tf.gradients(hvd.allreduce(x * 3.0, op=hvd.Sum), [x])
+        with tf.compat.v1.Session() as session:
+            assert session.run(gradient).tolist() == [3.0, 3.0]""",
+    "tf.function": """
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            total = hvd.allreduce(x * 3.0, op=hvd.Sum)
+        return tape.gradient(total, x)
+    assert step(x).numpy().tolist() == [3.0, 3.0]
+    graph = step.get_concrete_function(x).graph""",
+}
+
+
+@pytest.mark.parametrize("build", sorted(GRAPH_BUILDS))
+def test_a_graph_with_collectives_is_freed_once_dropped(build):
+    script = FREED_GRAPH.format(build=GRAPH_BUILDS[build])
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, **QUIET})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "graph alive after collection: False", result.stdout
+
+
 # ----------------------------------------------------------------------------- collectives
 
 
