@@ -25,6 +25,8 @@ class JpegFrame(NamedTuple):
     height: int
     width: int
     components: int  # 1: grayscale, 3: YCbCr (colour), 4: CMYK or YCCK
+    precision: int = 8  # bits a sample
+    marker: int = 0xC0  # its start-of-frame marker, which names the coding process
 
 
 class Crop(NamedTuple):
@@ -57,15 +59,22 @@ def jpeg_frame(data) -> Optional[JpegFrame]:
                 return None
             height = int.from_bytes(bytes(data[at + 5:at + 7]), "big")
             width = int.from_bytes(bytes(data[at + 7:at + 9]), "big")
-            return JpegFrame(height, width, data[at + 9])
+            return JpegFrame(height, width, data[at + 9], precision=data[at + 4], marker=marker)
         at += 2 + length
     return None
 
 
+# The coding processes nvJPEG decodes: baseline, extended and progressive DCT with Huffman codes,
+# 8 bits a sample. The arithmetic-coded, lossless, hierarchical and 12-bit ones a batch holding
+# one would fail whole, to be decoded again file by file.
+_DEVICE_MARKERS = {0xC0, 0xC1, 0xC2}
+
+
 def device_decodable(frame):
-    """Whether nvJPEG, through torchvision, decodes this JPEG to RGB: grayscale and colour ones;
-    CMYK (4 components) goes to the CPU."""
-    return frame is not None and frame.components in (1, 3) and frame.height > 0 and frame.width > 0
+    """Whether nvJPEG, through torchvision, decodes this JPEG to RGB: grayscale and colour ones of
+    the common coding processes; CMYK (4 components) and the rare processes go to the CPU."""
+    return (frame is not None and frame.components in (1, 3) and frame.height > 0 and frame.width > 0
+            and frame.precision == 8 and frame.marker in _DEVICE_MARKERS)
 
 
 def random_crop(seed, height, width):

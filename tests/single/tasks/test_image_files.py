@@ -24,7 +24,20 @@ def test_a_jpegs_frame_gives_its_size_and_components(mode, components):
 
 
 def test_a_progressive_jpegs_frame_is_read_too():
-    assert jpeg_frame(encoded("RGB", progressive=True)) == JpegFrame(30, 50, 3)
+    assert jpeg_frame(encoded("RGB", progressive=True)) == JpegFrame(30, 50, 3, precision=8, marker=0xC2)
+
+
+def with_frame(marker, precision):
+    """A baseline RGB JPEG's bytes with its start-of-frame marker and sample precision replaced
+    (PIL writes neither arithmetic-coded, lossless nor 12-bit JPEGs)."""
+    data = bytearray(encoded("RGB"))
+    at = data.index(b"\xff\xc0")
+    data[at + 1], data[at + 4] = marker, precision
+    return bytes(data)
+
+
+def test_a_frame_gives_its_coding_process_and_precision():
+    assert jpeg_frame(with_frame(0xC9, 12)) == JpegFrame(30, 50, 3, precision=12, marker=0xC9)
 
 
 @pytest.mark.parametrize("data", [encoded("RGB", kind="PNG"), b"not an image", encoded("RGB")[:20], b""],
@@ -36,6 +49,15 @@ def test_what_is_not_a_whole_jpeg_header_has_no_frame(data):
 @pytest.mark.parametrize("mode, decodable", [("RGB", True), ("L", True), ("CMYK", False)])
 def test_the_devices_decoder_takes_colour_and_grayscale_jpegs_not_cmyk(mode, decodable):
     assert device_decodable(jpeg_frame(encoded(mode))) == decodable
+
+
+@pytest.mark.parametrize("marker, precision, decodable",
+                         [(0xC1, 8, True), (0xC2, 8, True), (0xC0, 12, False), (0xC3, 8, False), (0xC9, 8, False),
+                          (0xCA, 8, False), (0xC5, 8, False)],
+                         ids=["extended", "progressive", "12-bit", "lossless", "arithmetic", "arithmetic progressive",
+                              "hierarchical"])
+def test_the_devices_decoder_takes_the_huffman_coded_8_bit_processes_only(marker, precision, decodable):
+    assert device_decodable(jpeg_frame(with_frame(marker, precision))) == decodable
 
 
 def test_a_crop_depends_on_the_seed_alone():
