@@ -607,10 +607,99 @@ def sync_batch_norm_matches_batch_norm_over_all_ranks():
     hvd.shutdown()
 
 
+# ----------------------------------------------------------------------------- elastic
+
+# Divides by 2 and 3; the remainder after a record of 8 samples (8 = 4 per rank on 2 ranks) divides
+# by neither, so that the shares are filled up.
+ELASTIC_DATASET = list(range(24))
+
+
+def _shares(sampler):
+    """Every rank's share of `sampler`'s epoch, in rank order."""
+    return hvd.allgather_object(list(sampler))
+
+
+def an_elastic_sampler_shares_an_epoch_among_the_ranks_in_the_order_of_its_seed_and_epoch():
+    hvd.init()
+    sampler = hvd.elastic.ElasticSampler(ELASTIC_DATASET, seed=3)
+    shares = _shares(sampler)
+    assert sorted(sum(shares, [])) == ELASTIC_DATASET and len(sampler) == len(ELASTIC_DATASET) // hvd.size()
+    order = [shares[i % hvd.size()][i // hvd.size()] for i in range(len(ELASTIC_DATASET))]
+    assert order != ELASTIC_DATASET and _shares(hvd.elastic.ElasticSampler(ELASTIC_DATASET, seed=3)) == shares
+    sampler.set_epoch(1)
+    assert sorted(sum(_shares(sampler), [])) == ELASTIC_DATASET and _shares(sampler) != shares
+    unshuffled = hvd.elastic.ElasticSampler(ELASTIC_DATASET, shuffle=False)
+    assert list(unshuffled) == ELASTIC_DATASET[hvd.rank()::hvd.size()]
+    hvd.shutdown()
+
+
+def an_elastic_sampler_given_a_record_shares_only_the_rest_of_the_epoch():
+    hvd.init()
+    n = hvd.size()
+    whole = hvd.elastic.ElasticSampler(ELASTIC_DATASET, seed=5)
+    whole.set_epoch(2)
+    order = [_shares(whole)[i % n][i // n] for i in range(len(ELASTIC_DATASET))]
+    restarted = hvd.elastic.ElasticSampler(ELASTIC_DATASET, seed=5)
+    # as a job started again on n ranks gets it from a commit made on another number of ranks
+    restarted.load_state_dict({"epoch": 2, "processed_num": 8})
+    shares = _shares(restarted)
+    rest = order[8:]
+    assert set(sum(shares, [])) == set(rest) and all(len(share) == -(-len(rest) // n) for share in shares)
+    assert [share[0] for share in shares] == rest[:n]  # the rest of the epoch's order, dealt out
+    restarted.set_epoch(3)
+    assert sorted(sum(_shares(restarted), [])) == ELASTIC_DATASET
+    hvd.shutdown()
+
+
+def record_batch_counts_every_ranks_batch():
+    hvd.init()
+    sampler = hvd.elastic.ElasticSampler(ELASTIC_DATASET)
+    sampler.record_batch(0, 2)
+    sampler.record_batch(1, 2)
+    assert sampler.processed_num == 4 * hvd.size()
+    hvd.shutdown()
+
+
+def a_torch_states_sync_gives_every_model_and_sampler_rank_0s_state():
+    hvd.init()
+    torch.manual_seed(hvd.rank())
+    generator, discriminator = torch.nn.Linear(3, 3), torch.nn.Linear(3, 1)
+    sampler = hvd.elastic.ElasticSampler(ELASTIC_DATASET)
+    sampler.record_batch(0, 1 + hvd.rank())
+    state = hvd.elastic.TorchState(generator=generator, discriminator=discriminator, train_sampler=sampler)
+    state.sync()
+    for model in (generator, discriminator):
+        for weights in hvd.allgather_object({name: value.tolist() for name, value in model.state_dict().items()}):
+            assert weights == {name: value.tolist() for name, value in model.state_dict().items()}
+    assert sampler.processed_num == hvd.size() and len(sampler) == -(-(len(ELASTIC_DATASET) - hvd.size()) // hvd.size())
+    hvd.shutdown()
+
+
+def a_samplers_record_is_committed_and_restored_in_place():
+    hvd.init()
+    sampler = hvd.elastic.ElasticSampler(ELASTIC_DATASET)
+    state = hvd.elastic.TorchState(train_sampler=sampler, epoch=0)
+    sampler.record_batch(0, 2)
+    state.commit()
+    sampler.record_batch(1, 2)
+    state.restore()
+    assert state.train_sampler is sampler and sampler.processed_num == 2 * hvd.size()
+    assert set(sum(_shares(sampler), [])) == set(ELASTIC_DATASET) - set(
+        [_shares(hvd.elastic.ElasticSampler(ELASTIC_DATASET))[i % hvd.size()][i // hvd.size()]
+         for i in range(2 * hvd.size())])
+    hvd.shutdown()
+
+
+ELASTIC = [an_elastic_sampler_shares_an_epoch_among_the_ranks_in_the_order_of_its_seed_and_epoch,
+           an_elastic_sampler_given_a_record_shares_only_the_rest_of_the_epoch, record_batch_counts_every_ranks_batch,
+           a_torch_states_sync_gives_every_model_and_sampler_rank_0s_state,
+           a_samplers_record_is_committed_and_restored_in_place]
+
+
 # ----------------------------------------------------------------------------- the jobs
 
-JOBS = {2: COLLECTIVES + OPTIMIZER_STATE,
-        3: COLLECTIVES + OPTIMIZER_STATE + [sync_batch_norm_matches_batch_norm_over_all_ranks]}
+JOBS = {2: COLLECTIVES + OPTIMIZER_STATE + ELASTIC,
+        3: COLLECTIVES + OPTIMIZER_STATE + ELASTIC + [sync_batch_norm_matches_batch_norm_over_all_ranks]}
 
 
 def job(ranks, num_proc):
@@ -631,3 +720,9 @@ def test_broadcast_optimizer_state_leaves_horovods_zero_gradients(ranks, check, 
 
 def test_sync_batch_norm_matches_batch_norm_over_all_ranks(ranks):
     job(ranks, 3).assert_passed(sync_batch_norm_matches_batch_norm_over_all_ranks)
+
+
+@pytest.mark.parametrize("num_proc", [2, 3])
+@pytest.mark.parametrize("check", ELASTIC, ids=lambda check: check.__name__)
+def test_elastic_samplers_and_states_on_real_ranks(ranks, check, num_proc):
+    job(ranks, num_proc).assert_passed(check)

@@ -1,6 +1,7 @@
 """hvdtrain.torch's elastic TorchState without hvdtrun (hvdtrain/torch/elastic.py): commits stay
-in memory, restore undoes what came after the last one, and a state's saved bytes load into
-another. Under hvdtrun: tests/integration/launch/hvdtrun/test_elastic.py."""
+in memory, restore undoes what came after the last one, in place for every model and optimizer,
+and a state's saved bytes load into another. ElasticSampler, which needs ranks, and the states'
+sync: tests/parallel/test_torch.py. Under hvdtrun: tests/integration/launch/hvdtrun/test_elastic.py."""
 
 import pytest
 import torch
@@ -37,3 +38,18 @@ def test_a_states_saved_bytes_load_into_another_state(committed):
                                   epoch=3)
     copy.load_saved_bytes(state.saved_bytes())
     assert copy.epoch == 0 and torch.equal(copy.model.weight, weights["weight"])
+
+
+def test_every_model_and_optimizer_is_restored_in_place_whatever_its_name():
+    generator, discriminator = torch.nn.Linear(2, 2), torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(discriminator.parameters(), lr=0.1, momentum=0.9)
+    state = hvd.elastic.TorchState(generator=generator, discriminator=discriminator, d_optimizer=optimizer)
+    committed = {name: value.clone() for name, value in discriminator.state_dict().items()}
+    discriminator(torch.ones(1, 2)).sum().backward()
+    optimizer.step()
+    state.restore()
+    assert state.discriminator is discriminator and state.d_optimizer is optimizer
+    for name, value in discriminator.state_dict().items():
+        assert torch.equal(value, committed[name])
+    assert optimizer.state_dict()["state"] == {}  # the momentum of the step after the commit is gone
+

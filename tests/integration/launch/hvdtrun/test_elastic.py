@@ -2,8 +2,9 @@
 name hvdtrain), under `hvdtrun --host-discovery-script ...` (hvdtrain/launch/hvdtrun/elastic.py):
 a rank killed by a real SIGKILL, and a change of the discovered hosts, each end the job, which
 hvdtrun starts again; the script goes on from its last commit and ends with the weights of an
-uninterrupted run (PyTorch's TorchState, Keras's KerasState with its callbacks). The states
-without hvdtrun: tests/single/torch/test_elastic.py."""
+uninterrupted run (PyTorch's TorchState, Keras's KerasState with its callbacks), and an
+ElasticSampler shares the rest of an epoch among the new ranks, so that each epoch trains every
+sample once. The states without hvdtrun: tests/single/torch/test_elastic.py."""
 
 import subprocess
 import sys
@@ -261,3 +262,75 @@ def test_the_keras_scripts_uninterrupted_run_is_never_started_again(keras_runs):
 
 def test_a_keras_script_restarted_ends_with_the_uninterrupted_weights(keras_runs):
     np.testing.assert_allclose(keras_runs["killed"][1], keras_runs["uninterrupted"][1], rtol=1e-6, atol=1e-7)
+
+
+SAMPLES, SAMPLER_EPOCHS, SAMPLER_BATCH = 72, 3, 2
+
+SAMPLER_SCRIPT = textwrap.dedent(f"""
+    import sys, time
+    import torch
+    import hvdtrain.torch as hvd
+
+    hvd.init()
+    dataset = list(range({SAMPLES}))
+    sampler = hvd.elastic.ElasticSampler(dataset, seed=7)
+    loader = torch.utils.data.DataLoader(dataset, batch_size={SAMPLER_BATCH}, sampler=sampler)
+    progress = sys.argv[1]
+
+    @hvd.elastic.run
+    def train(state):
+        while state.epoch < {SAMPLER_EPOCHS}:
+            for batch_idx, samples in enumerate(loader):
+                with open(f"{{progress}}.trained-{{hvd.size()}}-{{hvd.rank()}}", "a") as trained:
+                    trained.write(f"{{state.epoch}} {{' '.join(map(str, samples.tolist()))}}\\n")
+                if hvd.rank() == 0:
+                    with open(progress, "a") as log:
+                        log.write(f"{{state.epoch}} {{hvd.size()}}\\n")
+                state.train_sampler.record_batch(batch_idx, {SAMPLER_BATCH})
+                state.commit()
+                time.sleep(0.05)
+            state.epoch += 1
+            state.train_sampler.set_epoch(state.epoch)
+            state.commit()
+
+    train(hvd.elastic.TorchState(train_sampler=sampler, epoch=0))
+""")
+
+
+@pytest.fixture(scope="module")
+def sampler_hosts_grown(tmp_path_factory):
+    """(exit status, output, {epoch: [the samples trained in it, on every rank]}, the world sizes
+    that trained in each epoch) of the ElasticSampler script whose hosts grow from 2 slots to 3
+    in its second epoch."""
+    where = tmp_path_factory.mktemp("sampler")
+    hosts_file = two_slot_hosts(where)
+    process, log, progress = start_hvdtrun(where, hosts_file, script_text=SAMPLER_SCRIPT)
+    in_second_epoch = SAMPLES // (2 * SAMPLER_BATCH) + 4
+    wait_until(lambda: progress.exists() and len(progress.read_text().split("\n")) > in_second_epoch, TIMEOUT,
+               "the second epoch")
+    hosts_file.write_text("localhost:3\n")
+    status, output = finished(process, log)
+    trained, sizes = {}, {}
+    for path in where.glob("progress.txt.trained-*"):
+        size = int(path.name.split("-")[1])
+        for line in path.read_text().splitlines():
+            epoch, *samples = map(int, line.split())
+            trained.setdefault(epoch, []).extend(samples)
+            sizes.setdefault(epoch, set()).add(size)
+    return status, output, trained, sizes
+
+
+def test_a_sampler_job_whose_hosts_grew_finishes_on_them(sampler_hosts_grown):
+    status, output, _, sizes = sampler_hosts_grown
+    assert status == 0, output
+    assert sizes[1] == {2, 3} and sizes[SAMPLER_EPOCHS - 1] == {3}, sizes
+
+
+def test_each_epoch_trains_every_sample_once_across_a_change_of_hosts(sampler_hosts_grown):
+    _, _, trained, _ = sampler_hosts_grown
+    assert sorted(trained) == list(range(SAMPLER_EPOCHS))
+    for epoch, samples in trained.items():
+        assert set(samples) == set(range(SAMPLES)), epoch
+        # the new ranks' shares are filled up with at most 2 samples given again where the rest of
+        # the epoch does not divide by 3
+        assert len(samples) - SAMPLES <= 2, (epoch, sorted(samples))
