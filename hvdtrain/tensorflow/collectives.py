@@ -185,6 +185,16 @@ def _suffixed(name, suffix):
     return None if name is None else name + suffix
 
 
+def _gradient_name(name, suffix, kind, tensors):
+    """The name of a collective in a gradient of the collective `name`, which takes `tensors`.
+    Eagerly, `name` with `suffix`. In a graph, Horovod's name after `tensors`: each gradient
+    taken of one collective (tf.gradients called for each of its outputs) builds a collective of
+    its own, which a session may run at once with the others, and names in flight must differ."""
+    if tf.executing_eagerly():
+        return _suffixed(name, suffix)
+    return _collective_name(kind, tensors, None, ignore_name_scope=True)
+
+
 def _member_names(name, count):
     """One tensor takes the collective's name; several are numbered after it, as the core
     numbers the members of a group."""
@@ -229,7 +239,8 @@ def _reduce(tensors, name, op, prescale, postscale, process_set):
         _with_static_shapes(results, [t.shape for t in inputs])
 
         def grad(*upstream):
-            return _reduce(_zeros_for_none(upstream, results), _suffixed(name, ".grad"), op, prescale, postscale,
+            upstream = _zeros_for_none(upstream, results)
+            return _reduce(upstream, _gradient_name(name, ".grad", "Allreduce", upstream), op, prescale, postscale,
                            process_set)
 
         return results, grad
@@ -253,10 +264,11 @@ def _gather(tensors, name, process_set):
         _with_static_shapes(results, [_ragged_shape(t) for t in inputs])
 
         def grad(*upstream):
-            reduced = _reduce(_zeros_for_none(upstream, results), _suffixed(name, ".grad"), Average, 1.0, 1.0,
+            upstream = _zeros_for_none(upstream, results)
+            reduced = _reduce(upstream, _gradient_name(name, ".grad", "Allreduce", upstream), Average, 1.0, 1.0,
                               process_set)
             rows = [tf.shape(t, out_type=tf.int64)[:1] for t in inputs]
-            rows_by_rank = _gather(rows, _suffixed(name, ".grad_rows"), process_set)
+            rows_by_rank = _gather(rows, _gradient_name(name, ".grad_rows", "Allgather", rows), process_set)
             position = process_set.rank()
             return [g[tf.reduce_sum(counts[:position]):][:own[0]]
                     for g, counts, own in zip(reduced, rows_by_rank, rows)]
@@ -283,7 +295,8 @@ def _broadcast(tensors, root_rank, name, process_set):
         _with_static_shapes(results, [t.shape for t in inputs])
 
         def grad(*upstream):
-            reduced = _reduce(_zeros_for_none(upstream, results), _suffixed(name, ".grad"), Average, 1.0, 1.0,
+            upstream = _zeros_for_none(upstream, results)
+            reduced = _reduce(upstream, _gradient_name(name, ".grad", "Allreduce", upstream), Average, 1.0, 1.0,
                               process_set)
             if core.rank() == root_rank:
                 return reduced
@@ -319,7 +332,8 @@ def _alltoall(tensor, splits, name, process_set):
 
         def grad(upstream_rows, upstream_splits):
             upstream_rows = _zeros_for_none([upstream_rows], [received])[0]
-            return _alltoall(upstream_rows, received_splits, _suffixed(name, ".grad"), process_set)[0], None
+            return _alltoall(upstream_rows, received_splits,
+                             _gradient_name(name, ".grad", "Alltoall", [upstream_rows]), process_set)[0], None
 
         return (received, received_splits), grad
 
@@ -346,7 +360,7 @@ def _reducescatter(tensors, name, op, prescale, postscale, process_set):
         def grad(*upstream):
             factor = prescale * postscale * (process_set.size() if op == Sum else 1)
             upstream = [g * tf.cast(factor, g.dtype) for g in _zeros_for_none(upstream, results)]
-            return _gather(upstream, _suffixed(name, ".grad"), process_set)
+            return _gather(upstream, _gradient_name(name, ".grad", "Allgather", upstream), process_set)
 
         return results, grad
 

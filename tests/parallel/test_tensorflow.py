@@ -596,6 +596,31 @@ def collectives_in_a_session_graph_give_the_eager_results_on_one_thread():
     hvd.shutdown()
 
 
+def the_gradients_of_each_output_of_grouped_collectives_run_together_in_a_session():
+    """tf.gradients taken of each output of a grouped allgather, allreduce and reducescatter on
+    its own (a collective in each gradient) and fetched in one run: Horovod's per-rank gradients."""
+    tf, hvd = _started()
+    n, r = hvd.size(), hvd.rank()
+    with tf.Graph().as_default():
+        ragged = [tf.fill([r + 1, 2], float(i + 1)) for i in range(3)]
+        even = [tf.fill([2 * n, 2], float(i + 1)) for i in range(3)]
+        gathered = hvd.grouped_allgather(ragged)
+        reduced = hvd.grouped_allreduce(even, op=hvd.Sum)
+        scattered = hvd.grouped_reducescatter(even, op=hvd.Sum)
+        fetches = {name: [tf.gradients(output, tensor)[0] for output, tensor in zip(outputs, tensors)]
+                   for name, outputs, tensors in (("gathered", gathered, ragged), ("reduced", reduced, even),
+                                                  ("scattered", scattered, even))}
+        with _one_thread_session(tf) as session:
+            got = session.run(fetches)
+    for gradient in got["gathered"]:  # the ones of every rank averaged, this rank's rows
+        np.testing.assert_array_equal(gradient, np.ones((r + 1, 2)))
+    for gradient in got["reduced"]:  # the ones of every rank summed
+        np.testing.assert_array_equal(gradient, np.full((2 * n, 2), n))
+    for gradient in got["scattered"]:  # every rank's ones gathered, times the size for Sum
+        np.testing.assert_array_equal(gradient, np.full((2 * n, 2), n))
+    hvd.shutdown()
+
+
 def independent_collectives_started_in_opposite_orders_finish_on_one_thread():
     """The even ranks build (and a single thread starts) the collectives in one order, the odd
     ranks in the reverse; the same run fetches them all, and again a subset."""
@@ -869,6 +894,7 @@ ON_THREE_RANKS = [allreduce_is_exact_for_every_dtype_and_op, allreduce_applies_t
                   collectives_in_a_process_set_involve_its_members_and_refuse_the_others,
                   mismatched_shapes_fail_on_every_rank_eagerly_and_in_tf_function]
 ON_TWO_AND_THREE_RANKS = [collectives_in_a_session_graph_give_the_eager_results_on_one_thread,
+                          the_gradients_of_each_output_of_grouped_collectives_run_together_in_a_session,
                           independent_collectives_started_in_opposite_orders_finish_on_one_thread,
                           mismatched_shapes_in_a_session_fail_on_every_rank_and_the_session_goes_on,
                           independent_collectives_in_a_tf_function_and_its_backward_function_finish,
