@@ -4,8 +4,9 @@ and inside tf.function, with Horovod's gradients; IndexedSlices, objects and joi
 process set of two of three ranks; independent collectives in one tf.function, and in the backward
 function of a tf.function differentiated outside it, finish (TensorFlow may start independent ops
 in any order; ours run in the order they were built); in a TF1 graph run by a session on a single
-thread, every collective gives its eager result, and collectives that ranks start in opposite
-orders finish (session_graphs.py); ranks that disagree get Horovod's TensorFlow errors, after
+thread, every collective gives its eager result, collectives that ranks start in opposite orders
+finish (session_graphs.py), and gradients taken of each output of a grouped collective run
+together; a graph holding collectives is freed once dropped; ranks that disagree get Horovod's TensorFlow errors, after
 which the job goes on. A TF1 DistributedOptimizer (session_training.py) trains a graph like the
 whole batch, also over two backward passes a step. DistributedGradientTape
 (gradients.py) reaches the weights of one process with the whole batch, eagerly and in
