@@ -164,6 +164,17 @@ def running_engine(process_set=None):
     return _process_sets.engine_of(process_set)
 
 
+def takes_part(process_set):
+    """Whether this rank is a member of `process_set`. Horovod's optimizers and gradient tapes
+    reduce nothing on a rank outside their set: it keeps its own gradients. Raises the usual
+    error where hvd is not initialized or the set is not registered."""
+    running_engine()
+    if process_set.included() is False:
+        return False
+    running_engine(process_set)
+    return True
+
+
 def topology():
     return running_engine().topology
 

@@ -32,7 +32,10 @@ class GradientReduction:
     def reduce(self, gradients, variables, local_refs=frozenset()):
         """The reduced `gradients` (None stays None); `variables` are what they belong to.
         Those of the variables in `local_refs` (their variable_key) are not reduced: each rank
-        keeps its own, divided by the size with scale_local_gradients, as Horovod does."""
+        keeps its own, divided by the size with scale_local_gradients, as Horovod does. A rank
+        outside the process set keeps all its own gradients, as in Horovod."""
+        if not core.takes_part(self.process_set):
+            return list(gradients)
         size = core.running_engine(self.process_set).size
         if size == 1:
             return list(gradients)

@@ -298,7 +298,7 @@ class _DistributedOptimizer:
         # As in Horovod, on a rank outside the process set the optimizer reduces nothing: its
         # step() applies this rank's own gradients; nor in a job of one rank, unless
         # HOROVOD_ELASTIC=1 says that it is an elastic job, whose world may grow (Horovod's condition).
-        if _takes_part(process_set) and (core.running_engine(process_set).size > 1
+        if core.takes_part(process_set) and (core.running_engine(process_set).size > 1
                                          or os.environ.get("HOROVOD_ELASTIC") == "1"):
             self._buckets = _GradientBuckets(self._requires_update, f"DistributedOptimizer.{optimizer_id}")
             segment_bytes = core.running_engine(process_set).settings.segment_bytes
@@ -582,16 +582,6 @@ def _parameter_groups(groups, params):
                 raise ValueError("groups contains a parameter that this optimizer does not update")
             membership[p] = g
     return membership
-
-
-def _takes_part(process_set):
-    """Whether this rank reduces gradients in `process_set`; raises the usual error where hvd is
-    not initialized or the set is not registered."""
-    core.running_engine()
-    if process_set.included() is False:
-        return False
-    core.running_engine(process_set)
-    return True
 
 
 def _empty_sparse_gradient(p, sparse_dim):
