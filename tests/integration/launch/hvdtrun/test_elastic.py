@@ -288,7 +288,7 @@ SAMPLER_SCRIPT = textwrap.dedent(f"""
                         log.write(f"{{state.epoch}} {{hvd.size()}}\\n")
                 state.train_sampler.record_batch(batch_idx, {SAMPLER_BATCH})
                 state.commit()
-                time.sleep(0.05)
+                time.sleep(0.2)  # an epoch outlasts hvdtrun's discovery (once a second) and the next commit
             state.epoch += 1
             state.train_sampler.set_epoch(state.epoch)
             state.commit()
@@ -299,9 +299,9 @@ SAMPLER_SCRIPT = textwrap.dedent(f"""
 
 @pytest.fixture(scope="module")
 def sampler_hosts_grown(tmp_path_factory):
-    """(exit status, output, {epoch: [the samples trained in it, on every rank]}, the world sizes
-    that trained in each epoch) of the ElasticSampler script whose hosts grow from 2 slots to 3
-    in its second epoch."""
+    """(exit status, output, {epoch: [the samples trained in it, on every rank]}, {epoch: the
+    world sizes that trained in it}) of the ElasticSampler script whose hosts grow from 2 slots to
+    3 once it is in its second epoch."""
     where = tmp_path_factory.mktemp("sampler")
     hosts_file = two_slot_hosts(where)
     process, log, progress = start_hvdtrun(where, hosts_file, script_text=SAMPLER_SCRIPT)
@@ -320,10 +320,10 @@ def sampler_hosts_grown(tmp_path_factory):
     return status, output, trained, sizes
 
 
-def test_a_sampler_job_whose_hosts_grew_finishes_on_them(sampler_hosts_grown):
+def test_a_sampler_job_whose_hosts_grew_mid_epoch_finishes_on_them(sampler_hosts_grown):
     status, output, _, sizes = sampler_hosts_grown
     assert status == 0, output
-    assert sizes[1] == {2, 3} and sizes[SAMPLER_EPOCHS - 1] == {3}, sizes
+    assert {2, 3} in sizes.values() and sizes[SAMPLER_EPOCHS - 1] == {3}, sizes
 
 
 def test_each_epoch_trains_every_sample_once_across_a_change_of_hosts(sampler_hosts_grown):
