@@ -299,7 +299,7 @@ class _DistributedOptimizer:
         # step() applies this rank's own gradients; nor in a job of one rank, unless
         # HOROVOD_ELASTIC=1 says that it is an elastic job, whose world may grow (Horovod's condition).
         if core.takes_part(process_set) and (core.running_engine(process_set).size > 1
-                                         or os.environ.get("HOROVOD_ELASTIC") == "1"):
+                                             or os.environ.get("HOROVOD_ELASTIC") == "1"):
             self._buckets = _GradientBuckets(self._requires_update, f"DistributedOptimizer.{optimizer_id}")
             segment_bytes = core.running_engine(process_set).settings.segment_bytes
             self._segments = [_Segment(members, len(members)) for members in
