@@ -40,6 +40,7 @@ _WANTS_ROUND, _JOINED, _SHUTDOWN = 1, 2, 4
 _FLAG_MASK = 7
 
 IDLE_WAIT_S = 0.01
+ADASUM_WITHIN_HOSTS_FIRST = "MPI, Adasum across hosts"  # the key of the device backend that runs it
 DEVICE_CHECK_INTERVAL_S = 0.1  # how often device work in flight is asked for an asynchronous error
 SHUT_DOWN_MESSAGE = (
     "Horovod has been shut down. This was caused by a rank calling shutdown() or exiting, an "
@@ -77,7 +78,7 @@ class Engine:
 
         # Submitting threads check and describe their collectives themselves (submission.py).
         self._submissions = submissions = Submissions(self.size, self.members, settings, is_world=members is None,
-                                                      hurry=self.hurry)
+                                                      topology=self.topology, hurry=self.hurry)
         self.auto_name, self._prepare = submissions.auto_name, submissions.prepare
         self._lock = threading.Lock()
         self._submitted = collections.deque()
@@ -432,20 +433,31 @@ class Engine:
             else:
                 self._run_single(step, ready_at)
 
-    def _backend(self, device, kind) -> Backend:
+    def _backend(self, device, kind, op=None) -> Backend:
         """The backend for buffers on `device` ("cpu" or "cuda") and an operation of `kind`.
         A device backend is made when a step first needs it, at the same step of the same plan
         on every rank, since making one is itself collective (NCCL's communicator)."""
         if device == "cpu":
             return self._host_backend
         transport = self.settings.gpu_operations[kind.value]
+        if op == ReduceOp.ADASUM:
+            # Adasum is no NCCL operation: device buffers go through host memory. As in Horovod,
+            # where the allreduce goes through NCCL they are averaged within each host and
+            # combined across hosts; through MPI, combined over all ranks.
+            transport = ADASUM_WITHIN_HOSTS_FIRST if transport == "NCCL" else "MPI"
         backend = self._device_backends.get(transport)
         if backend is None:
             from .nccl_backend import NcclBackend
             from .staged_backend import HostStagedBackend
 
-            make = NcclBackend if transport == "NCCL" else HostStagedBackend
-            backend = make(self._world, self.settings, lambda: self._submissions.device_for(self.topology))
+            def device_of():
+                return self._submissions.device_for(self.topology)
+
+            if transport == "NCCL":
+                backend = NcclBackend(self._world, self.settings, device_of)
+            else:
+                hosts = (self._local, self._cross) if transport == ADASUM_WITHIN_HOSTS_FIRST else None
+                backend = HostStagedBackend(self._world, self.settings, device_of, hosts)
             self._device_backends[transport] = backend
         return backend
 
@@ -477,7 +489,7 @@ class Engine:
         entries = [self._local_entry(response) for response in responses]  # None where this rank joined
         submitted = [entry for entry in entries if entry is not None]
         try:
-            backend = self._backend(batch.device, ALLREDUCE)
+            backend = self._backend(batch.device, ALLREDUCE, batch.op)
         except HorovodInternalError as error:  # agreed by every rank (nccl_backend.agree_to_start)
             self._finish_all(submitted, error=error)
             return
@@ -646,5 +658,8 @@ class _Batch:
     @classmethod
     def of(cls, responses):
         request = responses[0].request
-        regions = tuple(tuple(group) for group in _regions([r.request for r in responses]))
+        if request.op == ReduceOp.ADASUM:  # combined tensor by tensor, never as one region
+            regions = tuple((i,) for i in range(len(responses)))
+        else:
+            regions = tuple(tuple(group) for group in _regions([r.request for r in responses]))
         return cls(tuple(responses), regions, request.op, request.prescale, request.postscale, request.device)

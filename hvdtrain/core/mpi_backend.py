@@ -6,6 +6,7 @@ import time
 
 import numpy as np
 
+from . import adasum
 from .fusion import Pack, pack_capacity_bytes, plan_allreduce
 from .requests import ReduceOp
 
@@ -34,7 +35,10 @@ def _byte_view(array):
 class MpiBackend:
     transport = "MPI"  # the timeline's name for its calls
 
-    def __init__(self, comm, settings):
+    def __init__(self, comm, settings, adasum_hosts=None):
+        """`adasum_hosts`: None, or the communicators of this rank's host and of one rank a
+        host (local, cross), for Adasum as Horovod's NCCL build runs it on device buffers: an
+        average within each host, then Adasum across hosts."""
         from mpi4py import MPI
 
         self._MPI = MPI
@@ -49,6 +53,9 @@ class MpiBackend:
         }
         self._bfloat16_ops = {}
         self._fusion_buffer = np.empty(0, np.uint8)
+        self._adasum_within_host = None if adasum_hosts is None else MpiBackend(adasum_hosts[0], settings)
+        self._adasum_comm = comm if adasum_hosts is None else adasum_hosts[1]
+        self._adasum_comms = None  # adasum.level_communicators, made by the first Adasum
 
     # MPI has no bfloat16; reduce it as 16-bit words with a user-defined op that adds in
     # float32 through ml_dtypes.
@@ -111,7 +118,9 @@ class MpiBackend:
         pass
 
     def close(self):
-        pass
+        for comm in self._adasum_comms or ():
+            comm.Free()
+        self._adasum_comms = None
 
     def zeros(self, elements, dtype):
         return np.zeros(elements, dtype)
@@ -119,6 +128,9 @@ class MpiBackend:
     def allreduce(self, sources, destinations, op, prescale, postscale, record=None):
         """Reduce flat arrays `sources[i]` into `destinations[i]` (the same array when in place).
         `record(phase, start, end, indices)` receives timings for the timeline."""
+        if op == ReduceOp.ADASUM:
+            self._adasum(sources, destinations, prescale, postscale, record)
+            return
         settings = self.settings
         if op == ReduceOp.AVERAGE:
             postscale /= self.comm.Get_size()
@@ -169,6 +181,36 @@ class MpiBackend:
             record("MEMCPY_IN_FUSION_BUFFER", t0, t1, pack.indices)
             record("MPI_ALLREDUCE", t1, t2, pack.indices)
             record("MEMCPY_OUT_FUSION_BUFFER", t2, t3, pack.indices)
+
+    def _adasum(self, sources, destinations, prescale, postscale, record):
+        """Adasum combines each tensor by its own dot products, so the tensors go through the
+        fusion buffer together with their sizes, whatever their number and size."""
+        if self._adasum_comms is None:
+            self._adasum_comms = adasum.level_communicators(self._adasum_comm)
+        sizes = [source.size for source in sources]
+        window = self._fusion_window(destinations[0].dtype, sum(sizes))
+        t0 = time.perf_counter() if record else 0.0
+        offset = 0
+        for source in sources:
+            _scale(window[offset:offset + source.size], prescale, source)
+            offset += source.size
+        t1 = time.perf_counter() if record else 0.0
+        if self._adasum_within_host is not None:
+            within = self._adasum_within_host
+            within._reduce_scaled_in_place(window, ReduceOp.SUM, 1.0 / within.comm.Get_size())
+        adasum.allreduce(self._adasum_comm, self._adasum_comms, window, sizes)
+        if postscale != 1.0:
+            _scale(window, postscale)
+        t2 = time.perf_counter() if record else 0.0
+        offset = 0
+        for destination in destinations:
+            destination[...] = window[offset:offset + destination.size]
+            offset += destination.size
+        if record:
+            everything = tuple(range(len(sources)))
+            record("MEMCPY_IN_FUSION_BUFFER", t0, t1, everything)
+            record("MPI_ADASUM_ALLREDUCE", t1, t2, everything)
+            record("MEMCPY_OUT_FUSION_BUFFER", t2, time.perf_counter(), everything)
 
     def allgather(self, entry, first_dims):
         return self.gather_rows(entry.array, first_dims)

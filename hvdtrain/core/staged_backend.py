@@ -16,10 +16,11 @@ from .nccl_backend import _DeviceStream, start_on_devices
 class HostStagedBackend(_DeviceStream):
     transport = "MPI"
 
-    def __init__(self, comm, settings, device_of):
+    def __init__(self, comm, settings, device_of, adasum_hosts=None):
+        """`adasum_hosts`: as MpiBackend's."""
         device, _ = start_on_devices(comm, device_of, "the host-staged GPU path", needs_nccl=False)
         super().__init__(device)
-        self._mpi = MpiBackend(comm, settings)
+        self._mpi = MpiBackend(comm, settings, adasum_hosts)
         self._pinned = None  # (memory, nbytes)
 
     def _staging(self, nbytes):

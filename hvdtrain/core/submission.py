@@ -11,6 +11,7 @@ import weakref
 import numpy as np
 
 from . import cuda
+from .adasum import ADASUM_DTYPES, is_power_of_two
 from .mpi_backend import REDUCIBLE_DTYPES
 from .nccl_backend import NCCL_TYPES
 from .negotiation import AUTO_NAME_MARK
@@ -23,10 +24,12 @@ REFUSALS = (ValueError, TypeError, NotImplementedError)
 
 class Submissions:
     """Turns one rank's submissions into entries for the engine of a set of ranks: `size` ranks,
-    the job's ranks `members`, `is_world` when they are the whole job."""
+    the job's ranks `members`, `is_world` when they are the whole job, on hosts as `topology`
+    (discovery.Topology) says."""
 
-    def __init__(self, size, members, settings, is_world, hurry=None):
+    def __init__(self, size, members, settings, is_world, topology, hurry=None):
         self.size = size
+        self._topology = topology  # discovery.Topology of these ranks
         self.members = members
         self._hurry = hurry  # Engine.hurry, which each handle calls when a caller blocks on it
         self._gpu_operations = settings.gpu_operations
@@ -160,8 +163,8 @@ class Submissions:
         if op.__class__ is not ReduceOp:
             op = ReduceOp(op)
         if kind in REDUCING_KINDS:
-            if op == ReduceOp.ADASUM:  # a RuntimeError, which Horovod's callers catch for every Adasum refusal
-                raise NotImplementedError(f"{label}: op Adasum is not supported by hvdtrain")
+            if op == ReduceOp.ADASUM:
+                self._check_adasum(label, kind, dtype, on_device)
             if dtype not in REDUCIBLE_DTYPES:
                 raise TypeError(
                     f"{label}: cannot reduce dtype {dtype}; reducible dtypes are {sorted(REDUCIBLE_DTYPES)}"
@@ -186,6 +189,24 @@ class Submissions:
             bucket_name, offset = bucket[0], self._offset_in_bucket(label, array, output, *bucket)
         return Request(name, kind, dtype, array.shape, op, float(prescale), float(postscale), int(root),
                        "cuda" if on_device else "cpu", bucket_name, offset)
+
+    def _check_adasum(self, label, kind, dtype, on_device):
+        # NotImplementedError is a RuntimeError, which Horovod's callers catch for every Adasum refusal
+        if kind is not ALLREDUCE:
+            raise NotImplementedError(f"{label}: op Adasum is an allreduce only")
+        if on_device and self._gpu_operations["allreduce"] == "NCCL":  # across hosts (Engine._backend)
+            hosts = self._topology.cross_size
+            if not (self._topology.is_homogeneous and is_power_of_two(hosts)):
+                raise NotImplementedError(
+                    f"{label}: Adasum of GPU tensors averages within each host and combines across hosts, so it "
+                    f"needs as many ranks on every host and a power of two of hosts; this job has {hosts} hosts"
+                    f"{'' if self._topology.is_homogeneous else ' with different numbers of ranks'} (with "
+                    "HOROVOD_GPU_ALLREDUCE=MPI it combines over all ranks, a power of two of them)")
+        elif not is_power_of_two(self.size):
+            where = "this job has" if self._is_world else f"process set {list(self.members)} has"
+            raise NotImplementedError(f"{label}: Adasum needs a power of two of ranks; {where} {self.size}")
+        if dtype not in ADASUM_DTYPES:
+            raise TypeError(f"{label}: Adasum combines {', '.join(ADASUM_DTYPES)} tensors, not {dtype}")
 
     def _check_splits(self, label, splits, first_dim):
         if splits is None:

@@ -5,39 +5,13 @@ on MPI, fused, in a bucket, ragged, uneven, with a rank that joined; the refusal
 share a GPU on NCCL; the same name on a GPU here and in host memory there. What only a real GPU
 shows (stream ordering, CuPy's and NCCL's own behaviour) is in tests/gpu/."""
 
-import contextlib
-import os
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
+from support.devices import fake_gpus
 
 from hvdtrain import core
 
-FAKE_CUPY = str(Path(__file__).resolve().parent / "fake_cupy")
 DTYPES = ["float16", "bfloat16", "float32", "float64", "int32", "int64", "uint8"]
-
-
-@contextlib.contextmanager
-def fake_gpus(transport, shared=False):
-    """The engine started with HOROVOD_GPU_OPERATIONS=`transport` on the stand-in CuPy (with
-    FAKE_GPU_SHARED=1, every rank sees the same GPU), then stopped and the variables restored."""
-    if FAKE_CUPY not in sys.path:
-        sys.path.insert(0, FAKE_CUPY)
-    os.environ["HOROVOD_GPU_OPERATIONS"] = transport
-    if shared:
-        os.environ["FAKE_GPU_SHARED"] = "1"
-    import cupy
-
-    assert "fake_cupy" in cupy.__file__
-    try:
-        core.init()
-        yield cupy
-    finally:
-        core.shutdown()
-        os.environ.pop("HOROVOD_GPU_OPERATIONS")
-        os.environ.pop("FAKE_GPU_SHARED", None)
 
 
 def _dtype(name):

@@ -250,7 +250,7 @@ def _fail_in_many_ways(n, me):
         ("read-only", ValueError, lambda: core.allreduce_async(read_only)),
         ("one of a group", ValueError, lambda: core.grouped_allreduce_async([np.ones(2), read_only])),
         ("bad dtype", TypeError, lambda: core.reducescatter_async(np.ones(3, bool))),
-        ("adasum", NotImplementedError, lambda: core.allreduce_async(np.ones(2), op=ReduceOp.ADASUM)),
+        ("adasum scatter", NotImplementedError, lambda: core.reducescatter_async(np.ones(2), op=ReduceOp.ADASUM)),
         ("no dynamic sets", ValueError, lambda: core.add_process_set([0, 1])),
     ]
     for label, error, fail in failures:
