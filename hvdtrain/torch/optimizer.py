@@ -77,10 +77,12 @@ import torch
 
 from hvdtrain import core
 from hvdtrain.core import global_process_set
+from hvdtrain.core.adasum import is_power_of_two
 from hvdtrain.core.fusion import plan_segments
 from hvdtrain.core.horovod_api import Adasum, Average
 
 from . import mpi_ops
+from .adasum_optimizer import _DistributedAdasumOptimizer
 from .compression import Compression
 
 from .mpi_ops import synchronize
@@ -597,9 +599,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
 
     Returns an instance of a subclass of the optimizer's own class, built from its parameter
     groups (so isinstance checks and state_dict formats are unchanged). On a rank outside
-    `process_set` it reduces nothing: step() applies that rank's own gradients, as in Horovod."""
-    if op == Adasum:
-        raise NotImplementedError("op=Adasum is not supported by hvdtrain")
+    `process_set` it reduces nothing: step() applies that rank's own gradients, as in Horovod.
+    With op=Adasum in a job of more than one rank, the ranks combine the updates of their own
+    optimizers instead (adasum_optimizer.py)."""
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if backward_passes_per_step < 1:
@@ -609,6 +611,17 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                       DeprecationWarning)
         if groups is None:
             groups = num_groups
+    if op == Adasum and core.size() > 1:
+        if process_set != global_process_set:
+            raise NotImplementedError("Adasum does not support non-global process sets yet.")
+        all_params = [p for group in optimizer.param_groups for p in group["params"]]
+        # Refused here, not from inside the first backward, where the engine would refuse it
+        # (for parameters on GPUs, what it needs depends on the hosts: submission.py)
+        if not any(p.is_cuda for p in all_params) and not is_power_of_two(core.size()):
+            raise NotImplementedError(f"Adasum needs a power of two of ranks; this job has {core.size()}")
+        names = _parameter_names(named_parameters, all_params)
+        cls = type(optimizer.__class__.__name__, (_DistributedAdasumOptimizer, optimizer.__class__), {})
+        return cls(optimizer.param_groups, names, compression, backward_passes_per_step)
     cls = type(optimizer.__class__.__name__, (_DistributedOptimizer, optimizer.__class__), {})
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
                gradient_predivide_factor, groups, sparse_as_dense, process_set)

@@ -3,12 +3,14 @@ several dtypes and shapes, fused and unfused; at world size 1 through NCCL, and 
 ranks sharing one GPU both through host memory and through NCCL, the ranks joined as hosts of
 their own (gpu/support.py). And the ordering of GPU work: a tensor
 written by a kernel on the caller's stream right before it is submitted is reduced with its
-final values, with no host synchronisation in between."""
+final values, with no host synchronisation in between. Adasum of CUDA tensors, through host
+memory, and the Adasum DistributedOptimizer on a GPU model."""
 
 import pytest
 import torch
 
 from gpu.support import SHARED_GPU, gpu_of_local_rank
+from support.adasum import adasum_reference
 
 
 FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
@@ -105,6 +107,43 @@ def ranks_ordering():
     print(f"rank {r} ordering ok")
 
 
+def ranks_adasum():
+    """Adasum of CUDA tensors goes through host memory: over all ranks where the allreduce runs on
+    MPI, averaged within the host (all ranks here) where it runs on NCCL, as in Horovod; the
+    tensor is written by a kernel still running when it is submitted. Then DistributedOptimizer
+    (op=Adasum) on a model on the GPU leaves the same weights on every rank."""
+    import os
+
+    import hvdtrain.torch as hvd
+
+    hvd.init()
+    device, n, r = gpu_of_local_rank(hvd), hvd.size(), hvd.rank()
+    inputs = [torch.linspace(-1, 1, 1000, dtype=torch.float64) * (k + 1) + torch.cos(torch.arange(1000.0)) * k
+              for k in range(n)]
+    if os.environ.get("HOROVOD_GPU_OPERATIONS") == "MPI":
+        expected = torch.from_numpy(adasum_reference([t.numpy() for t in inputs]))
+    else:
+        expected = torch.stack(inputs).mean(0)
+    x = torch.zeros(1000, dtype=torch.float64, device=device)
+    torch.cuda._sleep(100_000_000)
+    x.copy_(inputs[r].to(device), non_blocking=True)
+    got = hvd.allreduce(x, op=hvd.Adasum, name="adasum")
+    torch.testing.assert_close(got.cpu(), expected, rtol=1e-12, atol=1e-12)
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 4).to(device)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                         named_parameters=model.named_parameters(), op=hvd.Adasum)
+    for step in range(3):
+        optimizer.zero_grad()
+        generator = torch.Generator(device=device).manual_seed(10 * step + r)
+        model(torch.randn(8, 16, device=device, generator=generator)).square().mean().backward()
+        optimizer.step()
+    weights = hvd.allgather_object([p.detach().cpu().numpy().tobytes() for p in model.parameters()])
+    assert all(w == weights[0] for w in weights), f"rank {r}: the ranks' weights differ"
+    print(f"rank {r} adasum ok")
+
+
 def test_collectives_through_nccl_on_one_gpu(alone):
     assert "rank 0 collectives ok" in alone(ranks_collectives, timeout=300).stdout
 
@@ -144,3 +183,13 @@ def test_ranks_sharing_a_gpu_are_refused_by_nccl_naming_the_way_out(mpirun):
         pytest.skip("the ranks would get a GPU each")
     result = mpirun(2, ranks_sharing_a_gpu_on_nccl, timeout=120)
     assert "rank 0 refused" in result.stdout and "rank 1 refused" in result.stdout, result.stdout
+
+
+def test_adasum_of_cuda_tensors_alone(alone):
+    assert "rank 0 adasum ok" in alone(ranks_adasum).stdout
+
+
+@pytest.mark.parametrize("way", SHARED_GPU)
+def test_adasum_of_cuda_tensors_of_ranks_sharing_a_gpu(mpirun, way):
+    result = mpirun(2, ranks_adasum, timeout=180, env=SHARED_GPU[way])
+    assert all(f"rank {r} adasum ok" in result.stdout for r in range(2)), result.stdout

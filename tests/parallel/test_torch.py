@@ -6,9 +6,10 @@ included; the scale factors per dtype exactly as Horovod computes them; sparse a
 errors on every rank when ranks disagree. broadcast_optimizer_state (functions.py) leaves
 Horovod's zero gradients; SyncBatchNorm (sync_batch_norm.py) normalizes on 3 ranks as BatchNorm2d
 over the whole batch. A script written for Horovod runs unchanged on two ranks except for its
-import line (torch/scripts/horovod_digits.py), and importing hvdtrain.torch imports torch, not
-TensorFlow. DistributedOptimizer, and the collectives' gradients within process sets (checked
-where its pairs of ranks train), are in tests/parallel/torch/test_optimizer.py.
+import line (torch/scripts/horovod_digits.py), with fp16 compression and with Adasum, and
+importing hvdtrain.torch imports torch, not TensorFlow. DistributedOptimizer, and the
+collectives' gradients within process sets (checked where its pairs of ranks train), are in
+tests/parallel/torch/test_optimizer.py; Adasum in tests/parallel/torch/test_adasum_optimizer.py.
 
 Each job of ranks runs all the checks of its size: starting torch on every rank costs seconds."""
 
@@ -39,9 +40,10 @@ def test_only_the_import_line_differs_from_horovod():
                 and not line.startswith(("`", "Its only", "\"\"\""))]
 
 
-def test_horovod_script_trains_on_two_ranks():
+@pytest.mark.parametrize("flags", [["--fp16-allreduce"], ["--use-adasum"]], ids=" ".join)
+def test_horovod_script_trains_on_two_ranks(flags):
     env = launcher.worker_environment(2)
-    command = launcher.mpirun_command([sys.executable, "-u", str(SCRIPT), "--fp16-allreduce"], num_proc=2, env=env)
+    command = launcher.mpirun_command([sys.executable, "-u", str(SCRIPT), *flags], num_proc=2, env=env)
     result = launcher.run(command, env=env, timeout=180, capture=True)
     assert result.returncode == 0, result.stdout
     accuracies = [float(a) for a in re.findall(r"Accuracy: ([\d.]+)%", result.stdout)]
