@@ -21,6 +21,7 @@ from .collectives import (  # noqa: F401 (re-exported)
     broadcast_variables,
     cross_rank_op,
     cross_size_op,
+    gpu_available,
     grouped_allgather,
     grouped_allreduce,
     grouped_reducescatter,

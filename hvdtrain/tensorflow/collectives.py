@@ -391,8 +391,6 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", 
     if not tensors:
         return tensors
     op = handle_average_backwards_compatibility(op, average)
-    if op == Adasum:
-        raise NotImplementedError("hvdtrain does not implement the Adasum reduction; use op=Average or op=Sum")
     results = list(tensors)
     sparse = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
     dense = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
@@ -415,6 +413,9 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", 
 def _allreduce_slices(slices, op, prescale_factor, postscale_factor, name, ignore_name_scope, process_set):
     """Horovod reduces IndexedSlices by allgathering their values and indices; the
     concatenation represents the sum, and dividing the values by the size the average."""
+    if op == Adasum:
+        raise NotImplementedError("The Adasum reduction does not currently support sparse tensors. As a workaround "
+                                  "please pass sparse_as_dense=True to DistributedOptimizer")
     if op not in (Sum, Average):
         raise NotImplementedError("Only Sum and Average ops are supported with tf.IndexedSlices")
     if prescale_factor != 1.0 or postscale_factor != 1.0:
@@ -580,3 +581,17 @@ def rank_op(name=None):
 
 def local_rank_op(name=None):
     return tf.constant(core.local_rank(), tf.int32, name=name)
+
+
+def gpu_available(ext_base_name, verbose=False):
+    """Horovod's helper, which its tests call as hvd.gpu_available("tensorflow"): whether the
+    framework of that name ("tensorflow" or "torch") sees a GPU here."""
+    if ext_base_name == "tensorflow":
+        return bool(tf.config.list_physical_devices("GPU"))
+    if ext_base_name != "torch":
+        return False
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()

@@ -5,9 +5,10 @@ import tensorflow as tf
 
 from hvdtrain.core import global_process_set
 
-from .collectives import Average
+from .collectives import Adasum, Average
 from .compression import Compression
 from .reduction import gradient_reduction, local_layer_variables, variable_key
+from .session_training import AdasumDistributedOptimizer as SessionAdasumOptimizer
 from .session_training import DistributedOptimizer as SessionDistributedOptimizer
 
 
@@ -76,6 +77,13 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
                          num_groups=0, groups=None, process_set=global_process_set):
     """Horovod's horovod.tensorflow.DistributedOptimizer: a TF1 optimizer (tf.compat.v1.train) is
     wrapped by session_training.py, a Keras optimizer by hvdtrain.tensorflow.keras's."""
+    if op == Adasum and average_aggregated_gradients:
+        raise ValueError("Adasum does not support average_aggregated_gradients == True")
+    if isinstance(optimizer, tf.compat.v1.train.Optimizer) and op == Adasum:
+        if process_set != global_process_set:
+            raise NotImplementedError("Adasum does not support process sets yet")
+        return SessionAdasumOptimizer(optimizer, name or f"DistributedDelta{type(optimizer).__name__}", compression,
+                                      backward_passes_per_step, use_locking)
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
         reduction = gradient_reduction(name or f"Distributed{type(optimizer).__name__}", compression,
                                        sparse_as_dense, op, gradient_predivide_factor, num_groups, groups, process_set)

@@ -10,7 +10,7 @@ import tensorflow as tf
 from hvdtrain import core
 from hvdtrain.core import ProcessSet, global_process_set
 
-from .collectives import Adasum, Average, grouped_allreduce
+from .collectives import Average, grouped_allreduce
 from .compression import Compression
 
 
@@ -104,8 +104,6 @@ def gradient_reduction(name, compression=Compression.none, sparse_as_dense=False
                        gradient_predivide_factor=1.0, num_groups=0, groups=None, process_set=global_process_set,
                        scale_local_gradients=True):
     """A GradientReduction from Horovod's arguments, checked as Horovod checks them."""
-    if op == Adasum:
-        raise NotImplementedError("hvdtrain does not implement the Adasum reduction; use op=Average or op=Sum")
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if num_groups != 0:

@@ -1,14 +1,31 @@
 """Horovod's TF1 training API, for graphs run by a tf.compat.v1.Session (MonitoredTrainingSession,
-estimators): DistributedOptimizer around a tf.compat.v1.train.Optimizer, and
-BroadcastGlobalVariablesHook. The collectives under them are session_graphs.py's."""
+estimators): DistributedOptimizer around a tf.compat.v1.train.Optimizer (AdasumDistributedOptimizer
+for op=Adasum), and BroadcastGlobalVariablesHook. The collectives under them are session_graphs.py's."""
 
 import tensorflow as tf
 
-from .collectives import broadcast_variables
+from .collectives import Adasum, broadcast_variables, grouped_allreduce
 from .reduction import GradientReduction
 
 
-class DistributedOptimizer(tf.compat.v1.train.Optimizer):
+class _Wrapper(tf.compat.v1.train.Optimizer):
+    """A tf.compat.v1.train.Optimizer around another, whose slots and variables are the other's."""
+
+    def __init__(self, optimizer, name, use_locking):
+        super().__init__(name=name, use_locking=use_locking)
+        self._optimizer = optimizer
+
+    def get_slot(self, *args, **kwargs):
+        return self._optimizer.get_slot(*args, **kwargs)
+
+    def get_slot_names(self, *args, **kwargs):
+        return self._optimizer.get_slot_names(*args, **kwargs)
+
+    def variables(self, *args, **kwargs):
+        return self._optimizer.variables(*args, **kwargs)
+
+
+class DistributedOptimizer(_Wrapper):
     """A tf.compat.v1.train.Optimizer whose compute_gradients() returns the gradients reduced
     over ranks, in one group (fused as eagerly), and whose apply_gradients() applies them; both
     of minimize(). With backward_passes_per_step = k, gradients are summed on each rank over
@@ -17,8 +34,7 @@ class DistributedOptimizer(tf.compat.v1.train.Optimizer):
 
     def __init__(self, optimizer, reduction: GradientReduction, backward_passes_per_step=1,
                  average_aggregated_gradients=False, use_locking=False):
-        super().__init__(name=reduction.name, use_locking=use_locking)
-        self._optimizer = optimizer
+        super().__init__(optimizer, reduction.name, use_locking)
         self._reduction = reduction
         self._agg_helper = None
         if backward_passes_per_step > 1:
@@ -44,14 +60,51 @@ class DistributedOptimizer(tf.compat.v1.train.Optimizer):
         return self._agg_helper.apply_gradients(
             lambda: self._optimizer.apply_gradients(grads_and_vars, global_step, name), grads_and_vars, global_step)
 
-    def get_slot(self, *args, **kwargs):
-        return self._optimizer.get_slot(*args, **kwargs)
 
-    def get_slot_names(self, *args, **kwargs):
-        return self._optimizer.get_slot_names(*args, **kwargs)
+class AdasumDistributedOptimizer(_Wrapper):
+    """Horovod's TF1 DistributedOptimizer(op=Adasum): every rank applies its own gradients with
+    its own optimizer at each step, and on every backward_passes_per_step-th step the ranks
+    combine, by Adasum, how far the weights moved since they last combined (Adasum weighs each
+    rank's whole update, so the deltas are combined, not the gradients); then every rank's weights
+    are the last combined ones plus that. Horovod 0.28.1's own class applies the gradients of its
+    apply_gradients() with the wrapped optimizer alone, so its ranks never combine; this one does
+    what Horovod's documents."""
 
-    def variables(self, *args, **kwargs):
-        return self._optimizer.variables(*args, **kwargs)
+    def __init__(self, optimizer, name, compression, backward_passes_per_step=1, use_locking=False):
+        super().__init__(optimizer, name, use_locking)
+        self._compression = compression
+        self._passes = backward_passes_per_step
+
+    def compute_gradients(self, *args, **kwargs):
+        return self._optimizer.compute_gradients(*args, **kwargs)
+
+    def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+        grads_and_vars = list(grads_and_vars)
+        variables = [v for g, v in grads_and_vars if g is not None]
+        local = [tf.compat.v1.GraphKeys.LOCAL_VARIABLES]
+        with tf.compat.v1.variable_scope(self.get_name(), reuse=tf.compat.v1.AUTO_REUSE):
+            steps = tf.compat.v1.get_variable("step_count", shape=(), dtype=tf.int64, trainable=False,
+                                              initializer=tf.compat.v1.zeros_initializer(), collections=local)
+            starts = [tf.compat.v1.get_variable(f"delta_start_{i}", shape=v.shape, dtype=v.dtype.base_dtype,
+                                                trainable=False, initializer=tf.compat.v1.zeros_initializer(),
+                                                collections=local) for i, v in enumerate(variables)]
+        # The weights the first step starts from, which the broadcast of the initial state made
+        # the same on every rank
+        first = tf.cond(tf.equal(steps, 0), lambda: tf.group([s.assign(v) for s, v in zip(starts, variables)]),
+                        tf.no_op)
+        with tf.control_dependencies([first]):
+            applied = self._optimizer.apply_gradients(grads_and_vars, global_step, name)
+
+        def combine():
+            deltas = [v.read_value() - s.read_value() for v, s in zip(variables, starts)]
+            combined = grouped_allreduce(deltas, compression=self._compression, op=Adasum,
+                                         name=f"{self.get_name()}.deltas")
+            return tf.group([v.assign(s.assign_add(c)) for v, s, c in zip(variables, starts, combined)])
+
+        with tf.control_dependencies([applied]):
+            combined = tf.cond(tf.equal(steps % self._passes, self._passes - 1), combine, tf.no_op)
+        with tf.control_dependencies([combined]):
+            return steps.assign_add(1).op
 
 
 class _LocalAggregation:
