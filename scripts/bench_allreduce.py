@@ -9,6 +9,7 @@ as hvdtrain.torch's DistributedOptimizer lays them out (views of one flat bucket
       pieces of 16, 4 or 1 MiB; measured while no engine runs;
   (a) the engine reducing the list of named tensors (default settings);
   (c) the engine with fusion off (HOROVOD_FUSION_THRESHOLD=0), on separately allocated tensors.
+Beside them the engine's Average and Adasum of the bucket (on a power of two of ranks).
 Beside them: the same bucket submitted as one tensor, which leaves the engine's fixed cost per
 step (waking, negotiating, finishing) and takes away its cost per tensor.
 The machine's speed drifts by tens of percent within minutes, so the run is made of --rounds
@@ -194,8 +195,9 @@ def engine_time(what, tensors, flat_pattern, op, warmup, repeats, bucket=None):
         for handle in handles:
             handle.wait()
 
-    seconds = median_time(run, workload(tensors, flat_pattern), op == core.ReduceOp.AVERAGE, what, warmup, repeats,
-                          core.barrier)
+    # The ranks' fills are multiples of one another, whose Adasum is their average
+    averaged = op in (core.ReduceOp.AVERAGE, core.ReduceOp.ADASUM)
+    seconds = median_time(run, workload(tensors, flat_pattern), averaged, what, warmup, repeats, core.barrier)
     core.shutdown()
     return seconds
 
@@ -204,9 +206,12 @@ def one_round(index, tensors, in_bucket, bucket, small_pages, flat_pattern, warm
     """Raw MPI, then every engine variant once: {"raw": {...}, "engine": {...}, "negotiation": {...}}.
     The machine can slow down within a round, so round `index` starts the engine variants at
     the index-th, and none of them is always last."""
-    from hvdtrain import core
+    from mpi4py import MPI
 
-    SUM, AVERAGE = core.ReduceOp.SUM, core.ReduceOp.AVERAGE
+    from hvdtrain import core
+    from hvdtrain.core.adasum import is_power_of_two
+
+    SUM, AVERAGE, ADASUM = core.ReduceOp.SUM, core.ReduceOp.AVERAGE, core.ReduceOp.ADASUM
     raw = raw_mpi_best(bucket, flat_pattern, warmup, repeats)
     small_pages_views, small_pages_bucket = small_pages
 
@@ -219,9 +224,12 @@ def one_round(index, tensors, in_bucket, bucket, small_pages, flat_pattern, warm
         "bucket_sum_small_pages": (small_pages_views, SUM, small_pages_bucket),
         "bucket_sum_one_tensor": ([("all", bucket)], SUM, bucket),
         "bucket_average": (in_bucket, AVERAGE, bucket),
+        "bucket_adasum": (in_bucket, ADASUM, bucket),
         "separate_sum": (tensors, SUM),
         "separate_sum_fusion_off": (tensors, SUM, None, {"HOROVOD_FUSION_THRESHOLD": "0"}),
     }
+    if not is_power_of_two(MPI.COMM_WORLD.Get_size()):  # where Adasum cannot run
+        del variants["bucket_adasum"]
     names = list(variants)
     start = index % len(names)
     engine = {name: measure(name, *variants[name]) for name in names[start:] + names[:start]}
@@ -294,10 +302,13 @@ def main():
         "bucket_sum_small_pages": "    engine, Sum, bucket on 4 KiB pages",
         "bucket_sum_one_tensor": "    engine, Sum, the bucket as one tensor",
         "bucket_average": "    engine, Average, gradients in a bucket",
+        "bucket_adasum": "    engine, Adasum, gradients in a bucket",
         "separate_sum": "    engine, Sum, separate tensors",
         "separate_sum_fusion_off": "(c) engine, Sum, separate, fusion off",
     }
     for key, label in labels.items():
+        if key not in engine_labels:
+            continue
         rounds_text = " ".join(f"{x:.2f}" for x in report["ratio_by_round"][key])
         print(f"  {label:<42} {report['engine_ms'][key]:8.2f} ms   (b)/this = "
               f"{report['ratio_best_raw_over_engine'][key]:.3f}  (rounds: {rounds_text})")
@@ -376,7 +387,7 @@ def gpu_main(args):
     in_bucket, bucket = gpu_gradient_bucket(args.model)
     separate = [(name, cupy.empty(array.shape, np.float32)) for name, array in in_bucket]
     flat_pattern = pattern(bucket.size)
-    SUM, AVERAGE = core.ReduceOp.SUM, core.ReduceOp.AVERAGE
+    SUM, AVERAGE, ADASUM = core.ReduceOp.SUM, core.ReduceOp.AVERAGE, core.ReduceOp.ADASUM
     variants = {  # name: (tensors, op, the bucket they are views of)
         "bucket_sum": (in_bucket, SUM, bucket),
         "bucket_average": (in_bucket, AVERAGE, bucket),

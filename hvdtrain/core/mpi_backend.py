@@ -183,27 +183,34 @@ class MpiBackend:
             record("MEMCPY_OUT_FUSION_BUFFER", t2, t3, pack.indices)
 
     def _adasum(self, sources, destinations, prescale, postscale, record):
-        """Adasum combines each tensor by its own dot products, so the tensors go through the
-        fusion buffer together with their sizes, whatever their number and size."""
+        """Adasum combines each tensor by its own dot products, so several tensors go through
+        the fusion buffer together with their sizes, whatever their number and size; one is
+        combined where its result goes."""
         if self._adasum_comms is None:
             self._adasum_comms = adasum.level_communicators(self._adasum_comm)
         sizes = [source.size for source in sources]
-        window = self._fusion_window(destinations[0].dtype, sum(sizes))
         t0 = time.perf_counter() if record else 0.0
-        offset = 0
-        for source in sources:
-            _scale(window[offset:offset + source.size], prescale, source)
-            offset += source.size
+        if len(sources) == 1:
+            window = destinations[0]
+            if prescale != 1.0 or window is not sources[0]:
+                _scale(window, prescale, sources[0])
+        else:
+            window = self._fusion_window(destinations[0].dtype, sum(sizes))
+            offset = 0
+            for source in sources:
+                _scale(window[offset:offset + source.size], prescale, source)
+                offset += source.size
         t1 = time.perf_counter() if record else 0.0
         if self._adasum_within_host is not None:
             within = self._adasum_within_host
             within._reduce_scaled_in_place(window, ReduceOp.SUM, 1.0 / within.comm.Get_size())
-        adasum.allreduce(self._adasum_comm, self._adasum_comms, window, sizes)
+        adasum.allreduce(self._adasum_comm, self._adasum_comms, window, sizes,
+                         max(1, self.settings.chunk_bytes // window.itemsize))
         if postscale != 1.0:
             _scale(window, postscale)
         t2 = time.perf_counter() if record else 0.0
         offset = 0
-        for destination in destinations:
+        for destination in destinations if len(sources) > 1 else ():
             destination[...] = window[offset:offset + destination.size]
             offset += destination.size
         if record:

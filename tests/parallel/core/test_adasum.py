@@ -2,7 +2,7 @@
 pairwise tree of Adasum's formula over the ranks' known inputs, tensor by tensor, whether the
 tensors are fused or not and whatever their sizes (odd ones split unevenly by the halving); the
 sum of orthogonal vectors and the average of equal ones, as Horovod's own tests ask; the scale
-factors; a process set; device buffers (the stand-in CuPy) through host memory, combined over all
+factors; pieces of a few elements (HVDTRAIN_CHUNK_BYTES); a process set; device buffers (the stand-in CuPy) through host memory, combined over all
 ranks (through MPI) or averaged within each host and combined across hosts (through NCCL); and the
 refusals: a number of ranks that is not a power of two, integer tensors, a reducescatter.
 
@@ -164,6 +164,13 @@ def job(ranks, num_proc):
 @pytest.mark.parametrize("check", TREE, ids=lambda check: check.__name__)
 def test_adasum(ranks, check, num_proc):
     job(ranks, num_proc).assert_passed(check)
+
+
+def test_pieces_of_a_few_elements_give_the_same_tree(ranks):
+    """Adasum moves and computes in pieces of HVDTRAIN_CHUNK_BYTES: here 4 KiB, so that pieces end
+    inside tensors and inside the halves at every level, for every dtype."""
+    check = every_rank_gets_the_pairwise_tree_fused_or_not_for_each_dtype
+    ranks.run(4, [check], env={"HVDTRAIN_CHUNK_BYTES": "4096"}, timeout=240).assert_passed(check)
 
 
 def test_three_ranks_are_refused(ranks):
