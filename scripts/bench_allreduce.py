@@ -387,7 +387,7 @@ def gpu_main(args):
     in_bucket, bucket = gpu_gradient_bucket(args.model)
     separate = [(name, cupy.empty(array.shape, np.float32)) for name, array in in_bucket]
     flat_pattern = pattern(bucket.size)
-    SUM, AVERAGE, ADASUM = core.ReduceOp.SUM, core.ReduceOp.AVERAGE, core.ReduceOp.ADASUM
+    SUM, AVERAGE = core.ReduceOp.SUM, core.ReduceOp.AVERAGE
     variants = {  # name: (tensors, op, the bucket they are views of)
         "bucket_sum": (in_bucket, SUM, bucket),
         "bucket_average": (in_bucket, AVERAGE, bucket),

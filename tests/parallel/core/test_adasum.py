@@ -2,9 +2,10 @@
 pairwise tree of Adasum's formula over the ranks' known inputs, tensor by tensor, whether the
 tensors are fused or not and whatever their sizes (odd ones split unevenly by the halving); the
 sum of orthogonal vectors and the average of equal ones, as Horovod's own tests ask; the scale
-factors; pieces of a few elements (HVDTRAIN_CHUNK_BYTES); a process set; device buffers (the stand-in CuPy) through host memory, combined over all
-ranks (through MPI) or averaged within each host and combined across hosts (through NCCL); and the
-refusals: a number of ranks that is not a power of two, integer tensors, a reducescatter.
+factors; pieces of a few elements (HVDTRAIN_CHUNK_BYTES); a process set; device buffers (the
+stand-in CuPy) through host memory, combined over all ranks (through MPI) or averaged within each
+host and combined across hosts (through NCCL); and the refusals: a number of ranks that is not a
+power of two, integer tensors, a reducescatter.
 
 The reference combines in float64 with straight dot products, the engine sums each tensor's dot
 products piece by piece over the ranks that hold the pieces, so float64 results agree to a few
