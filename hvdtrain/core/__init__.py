@@ -222,7 +222,8 @@ def allreduce_async(array, name=None, op=ReduceOp.AVERAGE, prescale_factor=1.0, 
 
     `bucket=(bucket_name, flat_array)` says that `array` is a view of `flat_array`, which holds
     other tensors too (a model's gradients, say) laid out alike on every rank; tensors that lie
-    next to each other in a bucket are reduced as one region, without copies."""
+    next to each other in a bucket are reduced as one region, without copies. ReduceOp.ADASUM
+    combines each tensor by Adasum instead (adasum.py), on a power of two of ranks."""
     return running_engine(process_set).submit(ALLREDUCE, array, name=name, output=output, op=op,
                                               prescale=prescale_factor, postscale=postscale_factor, bucket=bucket,
                                               stream=stream)
