@@ -16,7 +16,9 @@ goes on from its last commit without noticing:
   raise HostsUpdatedInterrupt together; `run` then ends the job with EXIT_HOSTS_UPDATED, which
   tells hvdtrun to start it on the new hosts;
 - a HorovodInternalError (a peer gone) ends the job with EXIT_COMMUNICATION, and hvdtrun starts
-  it again from the last commit.
+  it again from the last commit; any other error of the script's (in `func`, a reset callback)
+  ends it with EXIT_RANK_ERROR, which hvdtrun does not start again: from the last commit it would
+  meet the same error, over and over.
 Outside hvdtrun's elastic mode there is no store: commits stay in memory, hosts never change, and
 an error ends the script as it would without `run`.
 """
@@ -26,9 +28,10 @@ import os
 import pickle
 import socket
 import sys
+import traceback
 
 from .exceptions import HorovodInternalError, HostsUpdatedInterrupt
-from .exits import EXIT_COMMUNICATION, EXIT_HOSTS_UPDATED
+from .exits import EXIT_COMMUNICATION, EXIT_HOSTS_UPDATED, exit_status
 
 STORE_VARIABLE = "HVDTRAIN_ELASTIC_STORE"  # ADDRESS[,ADDRESS...]:PORT of hvdtrun's commit store
 HOSTS_VERSION_VARIABLE = "HVDTRAIN_ELASTIC_HOSTS_VERSION"  # the hosts' version this job started with
@@ -168,25 +171,33 @@ def run_fn(func, bcast_object, get_rank):
 
     def wrapper(state, *args, **kwargs):
         store = commit_store()
-        committed = store.get() if store is not None and get_rank() == 0 else None
-        resumed = bcast_object(committed is not None)
-        if committed is not None:
-            state.load_saved_bytes(committed)
-        if resumed:
-            state.on_reset()
-        state.sync()
         try:
+            committed = store.get() if store is not None and get_rank() == 0 else None
+            resumed = bcast_object(committed is not None)
+            if committed is not None:
+                state.load_saved_bytes(committed)
+            if resumed:
+                state.on_reset()
+            state.sync()
             return func(state, *args, **kwargs)
         except HostsUpdatedInterrupt:
             if store is None:
                 raise
             _leave(EXIT_HOSTS_UPDATED)
-        except HorovodInternalError as error:
+        except Exception as error:
             if store is None:
                 raise
-            print(f"hvdtrain: rank {get_rank()} lost its peers ({error}); hvdtrun starts the job again from the "
-                  f"last commit", file=sys.stderr, flush=True)
-            _leave(EXIT_COMMUNICATION)
+            status = exit_status(error)
+            if status == EXIT_COMMUNICATION:
+                print(f"hvdtrain: rank {get_rank()} lost its peers ({error}); hvdtrun starts the job again from the "
+                      f"last commit", file=sys.stderr, flush=True)
+            else:
+                # The script's own error, which a restart from the last commit would meet again
+                # (Horovod would blacklist the host and end a job that every host failed)
+                traceback.print_exc()
+                print(f"hvdtrain: rank {get_rank()} raised {type(error).__name__}: {error}; a restart would meet it "
+                      f"again, so hvdtrun does not start the job again", file=sys.stderr, flush=True)
+            _leave(status)
 
     wrapper.__wrapped__ = func
     wrapper.__name__ = getattr(func, "__name__", "elastic_run")

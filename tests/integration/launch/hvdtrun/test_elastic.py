@@ -1,7 +1,7 @@
 """Horovod Elastic scripts, written for this project in Horovod's style (only their import lines
 name hvdtrain), under `hvdtrun --host-discovery-script ...` (hvdtrain/launch/hvdtrun/elastic.py):
 a rank killed by a real SIGKILL, and a change of the discovered hosts, each end the job, which
-hvdtrun starts again; the script goes on from its last commit and ends with the weights of an
+hvdtrun starts again (an error of the script's own ends it for good); the script goes on from its last commit and ends with the weights of an
 uninterrupted run (PyTorch's TorchState, Keras's KerasState with its callbacks), and an
 ElasticSampler shares the rest of an epoch among the new ranks, so that each epoch trains every
 sample once. The states without hvdtrun: tests/single/torch/test_elastic.py."""
@@ -148,6 +148,18 @@ def test_the_steps_after_the_last_commit_are_trained_again(killed_at_step_12):
 def test_a_job_restarted_after_a_kill_ends_with_the_uninterrupted_weights(killed_at_step_12):
     _, _, progress = killed_at_step_12
     assert_weights_of_an_uninterrupted_run(progress)
+
+
+def test_an_error_of_the_scripts_own_ends_the_job_without_a_restart(tmp_path):
+    """Rank 1 raises at step 7: started again from its last commit (step 5), it would raise again,
+    over and over, so the job ends with EXIT_RANK_ERROR (3), which hvdtrun does not restart."""
+    raising = SCRIPT.replace("os.kill(os.getpid(), signal.SIGKILL)", 'raise ValueError("a bad batch")')
+    status, output = finished(*start_hvdtrun(tmp_path, two_slot_hosts(tmp_path), kill_at=7, script_text=raising)[:2])
+    assert status == 3, output
+    assert "hvdtrain: rank 1 raised ValueError: a bad batch; a restart would meet it again" in output, output
+    assert ("hvdtrun: the job failed (exit status 3): a rank raised an error that a restart would meet again, so it "
+            "is not started again") in output, output
+    assert "starting it again" not in output, output
 
 
 @pytest.fixture(scope="module")
