@@ -1,5 +1,7 @@
 """Which device a run trains on: `train.device` (auto | cpu | cuda) against the GPUs each host
-shows, one GPU per local rank, as with Horovod (a rank takes the GPU of its local rank).
+shows, one GPU per local rank, as with Horovod (a rank takes the GPU of its local rank, counted
+among those it sees: where a scheduler shows each rank a GPU of its own, as Slurm's
+--gpus-per-task does through CUDA_VISIBLE_DEVICES, that one).
 
 - cpu: the CPU, wherever the ranks run.
 - cuda: every host needs at least as many CUDA devices as it has ranks; else the run is refused
@@ -114,16 +116,45 @@ def agreed(cfg):
     if cfg.train.device == "cpu":
         return CPU
     framework = cfg.recipe.framework
-    mine = (socket.gethostname(), core.local_size(), visible_gpus(framework), os.environ.get(VISIBLE_DEVICES_VARIABLE))
+    gpus = visible_gpus(framework)
+    taken = gpu_bus_id(core.local_rank() % gpus) if gpus else None
+    mine = (socket.gethostname(), core.local_size(), gpus, os.environ.get(VISIBLE_DEVICES_VARIABLE), taken)
     hosts = {}
     for name, *shown in core.allgather_object(mine, name="devices"):
-        hosts.setdefault(name, shown)  # a host's first rank speaks for it
+        hosts.setdefault(name, []).append(shown)
     where = "this machine" if len(hosts) == 1 else "host {}"
-    devices = [choose(cfg.train.device, ranks, gpus, framework, where.format(name), visible)
-               for name, (ranks, gpus, visible) in hosts.items()]
+    devices = [_host_device(cfg.train.device, shown, framework, where.format(name)) for name, shown in hosts.items()]
     device = next((device for device in devices if device.kind == "cpu"), devices[0])
     check_autocast(cfg, device)
     return device
+
+
+def _host_device(requested, shown, framework, where):
+    """The Device of a host's ranks from what each shows: (ranks on the host, GPUs it sees,
+    CUDA_VISIBLE_DEVICES, the PCI bus id of the GPU it would take). The host's first rank speaks
+    for it, unless the ranks would take GPUs all different from each other's while each sees
+    fewer than there are ranks: a GPU of its own each, as a scheduler showed them."""
+    ranks, gpus, visible, _ = shown[0]
+    taken = [bus_id for *_, bus_id in shown]
+    if 0 < gpus < ranks and None not in taken and len(set(taken)) == len(taken):
+        return Device("cuda", f"train.device={requested}: one GPU per rank, each of the {ranks} ranks on {where} "
+                              f"shown its own ({VISIBLE_DEVICES_VARIABLE} per rank)")
+    return choose(requested, ranks, gpus, framework, where, visible)
+
+
+def gpu_bus_id(index):
+    """The PCI bus id of the CUDA device `index` among those this process sees, from the driver
+    (so CUDA_VISIBLE_DEVICES applies, and no framework is asked); None without a driver or such
+    a device."""
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    device, bus_id = ctypes.c_int(), ctypes.create_string_buffer(32)
+    if (driver.cuInit(0) != 0 or driver.cuDeviceGet(ctypes.byref(device), index) != 0
+            or driver.cuDeviceGetPCIBusId(bus_id, len(bus_id), device) != 0):
+        return None
+    return bus_id.value.decode()
 
 
 def _count(number, noun):

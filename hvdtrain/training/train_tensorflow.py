@@ -198,10 +198,11 @@ def _decode(data):
 
 
 def _use_device(kind):
-    """One GPU per rank, the local rank's, or the CPU."""
+    """One GPU per rank, the local rank's among those it sees (run/devices.py), or the CPU."""
     if kind == "cpu":
         tf.config.set_visible_devices([], "GPU")
         return
     gpus = tf.config.list_physical_devices("GPU")
-    tf.config.experimental.set_memory_growth(gpus[hvd.local_rank()], True)
-    tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
+    mine = gpus[hvd.local_rank() % len(gpus)]
+    tf.config.experimental.set_memory_growth(mine, True)
+    tf.config.set_visible_devices(mine, "GPU")

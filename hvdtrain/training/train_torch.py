@@ -267,12 +267,14 @@ def _input_dtype(target, precision):
 
 
 def _use_device(kind, cudnn_benchmark):
-    """The torch.device of this rank: the CPU, or the GPU of its local rank (one GPU per rank)."""
+    """The torch.device of this rank: the CPU, or the GPU of its local rank among those it sees
+    (one GPU per rank; run/devices.py)."""
     if kind == "cpu":
         return torch.device("cpu")
-    torch.cuda.set_device(hvd.local_rank())
+    device = torch.device("cuda", hvd.local_rank() % torch.cuda.device_count())
+    torch.cuda.set_device(device)
     torch.backends.cudnn.benchmark = cudnn_benchmark
-    return torch.device("cuda", hvd.local_rank())
+    return device
 
 
 def autocast_context(device, precision):

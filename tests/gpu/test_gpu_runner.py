@@ -110,3 +110,14 @@ def test_the_plan_and_the_refusals_count_this_machines_gpus(tmp_path):
     assert refused.stderr.startswith(f"hvdtrain: invalid config: cluster.slots={GPUS + 1}: {GPUS + 1} ranks on "
                                      f"this machine but torch sees {GPUS} CUDA device")
     assert not (tmp_path / "run").exists()
+
+
+def test_the_driver_names_each_gpu_by_the_pci_bus_id_cuda_gives_it():
+    """What the ranks compare to tell GPUs apart where each is shown its own (run/devices.py)."""
+    import cupy
+
+    from hvdtrain.run import devices
+
+    for index in range(GPUS):
+        assert devices.gpu_bus_id(index).lower() == cupy.cuda.runtime.deviceGetPCIBusId(index).lower()
+    assert devices.gpu_bus_id(GPUS) is None

@@ -1,7 +1,10 @@
 """The device a run trains on (hvdtrain/run/devices.py), on a machine that pretends to have 0, 1
 or 2 GPUs: train.device=auto takes CUDA only with a GPU for every local rank, cuda without one
 is refused before launch with the numbers, hosts other than this machine decide when the job
-starts, the ranks of a job agree on one device, and fp16 needs CUDA."""
+starts, the ranks of a job agree on one device (also where each rank is shown a GPU of its own, as
+Slurm's --gpus-per-task does), and fp16 needs CUDA."""
+
+import ctypes
 
 import pytest
 
@@ -123,13 +126,20 @@ def test_fp16_on_cuda_is_planned(gpus, tmp_path):
 
 
 def job(monkeypatch, *hosts):
-    """What the ranks of a job show each other: (host, ranks on it, GPUs it shows, CUDA_VISIBLE_DEVICES)."""
+    """What the ranks of a job show each other, a host at a time: (host, ranks on it, GPUs each of
+    them sees, CUDA_VISIBLE_DEVICES[, the PCI bus ids of the GPUs its ranks would take]); without
+    the bus ids, the ranks see the same GPUs and each takes its local rank's."""
     from hvdtrain import core
 
-    shown = [host for host in hosts for _ in range(host[1])]
+    shown = []
+    for name, ranks, gpus, visible, *taken in hosts:
+        bus_ids = taken[0] if taken else [f"0000:{rank % gpus:02X}:00.0" if gpus else None for rank in range(ranks)]
+        shown.extend((name, ranks, gpus, visible, bus_id) for bus_id in bus_ids)
     monkeypatch.setattr(core, "local_size", lambda: hosts[0][1])
+    monkeypatch.setattr(core, "local_rank", lambda: 0)
     monkeypatch.setattr(core, "allgather_object", lambda mine, name: shown)
     monkeypatch.setattr(devices, "visible_gpus", lambda framework: hosts[0][2])
+    monkeypatch.setattr(devices, "gpu_bus_id", lambda index: shown[0][4])
 
 
 @pytest.fixture
@@ -163,3 +173,40 @@ def test_auto_on_a_host_short_of_gpus_puts_every_rank_on_the_cpu(short_of_gpus):
 def test_fp16_on_the_agreed_cpu_is_refused(short_of_gpus):
     with pytest.raises(ConfigError, match="train.autocast='fp16': float16 autocast is for CUDA"):
         devices.agreed(compose("train.autocast=fp16"))
+
+
+PER_RANK_GPUS = ["0000:07:00.0", "0000:0B:00.0", "0000:48:00.0", "0000:4C:00.0"]
+
+
+def test_ranks_each_shown_a_gpu_of_their_own_agree_on_cuda(monkeypatch):
+    # Slurm's --gpus-per-task=1: each rank sees one GPU, "0" to each, a different one in each
+    job(monkeypatch, ("gpu01", 4, 1, "0", PER_RANK_GPUS), ("gpu02", 4, 1, "0", PER_RANK_GPUS))
+    assert devices.agreed(compose("train.device=cuda")) == Device(
+        "cuda", "train.device=cuda: one GPU per rank, each of the 4 ranks on host gpu01 shown its own "
+                "(CUDA_VISIBLE_DEVICES per rank)")
+    assert devices.agreed(compose()).kind == "cuda"
+
+
+def test_ranks_shown_one_gpu_they_would_share_are_refused(monkeypatch):
+    job(monkeypatch, ("gpu01", 4, 1, "0", PER_RANK_GPUS[:3] + PER_RANK_GPUS[:1]))
+    with pytest.raises(ConfigError, match="cluster.slots=4: 4 ranks on this machine but torch sees 1 CUDA device"):
+        devices.agreed(compose("train.device=cuda"))
+    assert devices.agreed(compose()).kind == "cpu"
+
+
+def test_ranks_whose_gpus_the_driver_cannot_name_are_counted_as_before(monkeypatch):
+    job(monkeypatch, ("gpu01", 2, 1, "0", [None, None]))
+    assert devices.agreed(compose()).kind == "cpu"
+
+
+def _cuda_driver():
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(_cuda_driver(), reason="this machine has a CUDA driver (tests/gpu/test_gpu_runner.py)")
+def test_without_a_cuda_driver_no_gpu_is_named():
+    assert devices.gpu_bus_id(0) is None
