@@ -5,15 +5,15 @@ Two gradients a and b combine, tensor by tensor, into
     (1 - a.b / 2|a|^2) a + (1 - a.b / 2|b|^2) b,
 their sum where they are orthogonal and their average where they are equal. A power of two of
 ranks combine in a binary tree: at level 1 ranks 2k and 2k+1, at level 2 those pairs' results,
-and so on, the lower ranks' vector always the left operand, so every rank computes the same
-result bit for bit.
+and so on, the lower ranks' vector always the left operand, as in Horovod.
 
 The tree runs as vector halving, distance doubling: at each level a rank trades half of the
 part it holds with its neighbour (its rank with the level's bit flipped) and combines the half
 it keeps. The dot products and norms of a tensor are then spread over the ranks that hold its
 pieces, so they are summed over the group of ranks that have combined so far (a communicator
 per level) before the coefficients are taken. After the last level every rank holds 1/size of
-the result, and one allgather gives each the whole. Each rank sends about twice the buffer in
+the result, and an allgather gives each the whole: every element is combined on one rank, so
+all ranks end with the same bits. Each rank sends about twice the buffer in
 all, as a ring allreduce does, where a plain tree would send it log2(size) times.
 """
 
