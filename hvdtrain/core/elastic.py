@@ -70,6 +70,11 @@ class CommitStore:
     def hosts_version(self):
         return int(self._request("VERSION")[0][1])
 
+    def returned(self):
+        """Tell hvdtrun that `run`'s function returned: the job's end is the script's, not a lost
+        host's (mpirun may end with status 0 when a host is lost)."""
+        self._request("RETURNED")
+
 
 def commit_store():
     address = os.environ.get(STORE_VARIABLE)
@@ -179,7 +184,10 @@ def run_fn(func, bcast_object, get_rank):
             if resumed:
                 state.on_reset()
             state.sync()
-            return func(state, *args, **kwargs)
+            result = func(state, *args, **kwargs)
+            if store is not None and get_rank() == 0:
+                store.returned()
+            return result
         except HostsUpdatedInterrupt:
             if store is None:
                 raise

@@ -1,6 +1,8 @@
 """A rank that fails on a remote host ends the whole job with an error, instead of a hang; a host
-lost for good is left out by `hvdtrain`, which goes on with the hosts that remain."""
+lost for good is left out by `hvdtrain`, which goes on with the hosts that remain, and blacklisted
+by `hvdtrun`'s elastic driver, which starts a Horovod Elastic script again on the others."""
 
+import shutil
 import subprocess
 import sys
 import time
@@ -76,3 +78,72 @@ def test_a_lost_host_is_left_out_and_the_run_goes_on_with_the_same_global_batch(
     expected = results_of(tmp_path / "never_lost")
     assert expected["global_batch_size"] == 192 and expected["samples_trained"] == results["samples_trained"]
     assert abs(results["metrics"]["val_top1"] - expected["metrics"]["val_top1"]) <= 1.5, (results, expected)
+
+
+ELASTIC_SCRIPT = """
+import sys, time
+import torch
+import hvdtrain.torch as hvd
+
+hvd.init()
+model = torch.nn.Linear(4, 1)
+optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                     named_parameters=model.named_parameters())
+
+@hvd.elastic.run
+def train(state):
+    while state.step < 60:
+        optimizer.zero_grad()
+        model(torch.ones(2, 4)).sum().backward()
+        optimizer.step()
+        state.step += 1
+        if hvd.rank() == 0:
+            print(f"step {state.step} on {hvd.size()} ranks", flush=True)
+        state.commit()
+        time.sleep(0.2)
+
+train(hvd.elastic.TorchState(model, optimizer, step=0))
+"""
+
+
+def test_a_host_lost_from_an_elastic_job_is_blacklisted_and_the_job_goes_on_without_it(netns_cluster, tmp_path):
+    """The discovery script lists all three hosts throughout; the third is taken away mid-run:
+    hvdtrun finds that it does not answer, blacklists it, and starts the script again on the two
+    others from its last commit."""
+    import shlex
+    import tempfile
+    from pathlib import Path
+
+    from netns_cluster import ip
+    from support.commands import wait_until
+
+    lost = netns_cluster.hosts[2]
+    # The script where every host sees it (the tests' temporary directory is the first host's alone)
+    shared = Path(tempfile.mkdtemp(prefix="hvdtrain-elastic-", dir=Path(__file__).resolve().parent))
+    script, discover, log_path = shared / "elastic.py", tmp_path / "discover.sh", tmp_path / "hvdtrun.log"
+    script.write_text(ELASTIC_SCRIPT)
+    discover.write_text("#!/bin/sh\n" + "".join(f"echo {host.address}:1\n" for host in netns_cluster.hosts))
+    discover.chmod(0o755)
+    with open(log_path, "w+") as log:
+        process = subprocess.Popen([sys.executable, "-m", "hvdtrain.launch.hvdtrun.command", "--min-np", "2",
+                                    "--host-discovery-script", str(discover), "--reset-limit", "2",
+                                    "--mpi-args", shlex.join(netns_cluster.mpirun_args()),
+                                    sys.executable, str(script)], stdout=log, stderr=subprocess.STDOUT, text=True)
+        taken_away = False
+        try:
+            wait_until(lambda: "step 10 on 3 ranks" in log_path.read_text(), 180, "10 steps on 3 ranks")
+            ip("-n", lost.namespace, "addr", "del", f"{lost.address}/24", "dev", "eth0")
+            taken_away = True
+            lost.kill_processes()
+            process.wait(timeout=240)
+        finally:
+            if process.poll() is None:
+                process.kill()
+            if taken_away:
+                ip("-n", lost.namespace, "addr", "add", f"{lost.address}/24", "dev", "eth0")
+            shutil.rmtree(shared)
+        log.seek(0)
+        output = log.read()
+    assert process.returncode == 0, output
+    assert f"hvdtrun: host {lost.address} does not answer; it is blacklisted for good" in output, output
+    assert "step 60 on 2 ranks" in output, output

@@ -92,8 +92,6 @@ REFUSED = {
     "autotune arguments": {(flag,): AUTOTUNE for flag in (
         "--autotune", "--no-autotune", "--autotune-log-file", "--autotune-warmup-samples",
         "--autotune-steps-per-sample", "--autotune-bayes-opt-max-samples", "--autotune-gaussian-process-noise")},
-    "elastic arguments": {("--blacklist-cooldown-range",):
-                          "hvdtrun does not blacklist hosts: a host the discovery script lists is used"},
     "library arguments": {
         ("--mpi-threads-disable",): MPI_THREADS, ("--no-mpi-threads-disable",): MPI_THREADS,
         ("--tcp",): "choose Open MPI's transports with --mpi-args (e.g. --mca btl self,tcp)",
@@ -110,7 +108,8 @@ REFUSED = {
 }
 # The elastic flags' destinations, by the name a refusal gives them.
 ELASTIC_FLAGS = {"min_np": "--min-np", "max_np": "--max-np", "slots_per_host": "--slots-per-host",
-                 "reset_limit": "--reset-limit", "elastic_timeout": "--elastic-timeout"}
+                 "reset_limit": "--reset-limit", "elastic_timeout": "--elastic-timeout",
+                 "blacklist_cooldown_range": "--blacklist-cooldown-range"}
 
 
 class UsageError(Exception):
@@ -202,6 +201,8 @@ def build_parser():
     flexible.add_argument("--elastic-timeout", type=positive_int, metavar="S",
                           help=f"the longest wait for --min-np slots (default {DEFAULT_ELASTIC_TIMEOUT_S} s)")
     flexible.add_argument("--reset-limit", type=non_negative_int, metavar="N", help="the most restarts")
+    flexible.add_argument("--blacklist-cooldown-range", type=positive_int, nargs=2, metavar=("MIN", "MAX"),
+                          help="a blacklisted host may come back after MIN to MAX seconds (default: never)")
     timeline = group("timeline arguments")
     timeline.add_argument("--timeline-filename", metavar="FILE", help="HOROVOD_TIMELINE")
     timeline.add_argument("--timeline-mark-cycles", action="store_const", const=True,
@@ -259,6 +260,11 @@ def parse_command_line(argv):
                          "--host-discovery-script")
     elif options.min_np and options.max_np and options.min_np > options.max_np:
         raise UsageError(f"--min-np {options.min_np} is more than --max-np {options.max_np}")
+    elif options.blacklist_cooldown_range:
+        low, high = options.blacklist_cooldown_range
+        if not low <= high <= elastic.LONGEST_COOLDOWN_S:
+            raise UsageError(f"--blacklist-cooldown-range {low} {high}: MIN must be at most MAX, and MAX at most "
+                             f"{elastic.LONGEST_COOLDOWN_S} s")
     if options.num_proc is None and options.host_discovery_script is None:
         raise UsageError("-np/--num-proc is required: the number of ranks to start")
     if not options.command:
@@ -565,7 +571,8 @@ def run_elastically(options, extra_args, timeout_s):
         max_np=options.max_np,
         slots_per_host=options.slots_per_host or 1,
         reset_limit=options.reset_limit,
-        elastic_timeout_s=options.elastic_timeout or DEFAULT_ELASTIC_TIMEOUT_S)
+        elastic_timeout_s=options.elastic_timeout or DEFAULT_ELASTIC_TIMEOUT_S,
+        blacklist_cooldown_s=options.blacklist_cooldown_range)
 
     def start_job(num_proc, hosts):
         job_options = copy.copy(options)
@@ -574,8 +581,11 @@ def run_elastically(options, extra_args, timeout_s):
         with watch.listener:
             return launch(job_options, hosts, extra_args, watch)
 
+    def answering(hosts):
+        return mpirun.reachable_hosts(hosts, extra_args, os.environ)
+
     addresses = interface_addresses(options.network_interfaces) or interface_addresses([])
-    return elastic.run_elastic(settings, start_job, addresses)
+    return elastic.run_elastic(settings, start_job, addresses, answering)
 
 
 if __name__ == "__main__":

@@ -11,13 +11,20 @@ starting its job again (the script's side: hvdtrain/core/elastic.py):
   the hosts: when discovery finds other hosts, the version goes up, the ranks learn it at their
   next commit and end the job with EXIT_HOSTS_UPDATED, and hvdtrun starts it on the new hosts;
 - a job that fails in a way a start can fix (a rank killed, its peers lost: anything but what
-  hvdtrain/core/exits.py says a restart cannot mend) is started again from the last commit;
+  hvdtrain/core/exits.py says a restart cannot mend) is started again from the last commit; first
+  the hosts are asked whether they answer (mpirun's remote agent), and those that do not are
+  blacklisted: left out of the starts for good, or with --blacklist-cooldown-range for a while,
+  as Horovod's elastic driver does with the hosts of failed workers (a host that answers is used
+  again: the failure of a process on it may well have been the process's);
 - every start after the first counts against --reset-limit;
 - the ranks run with HOROVOD_ELASTIC=1, as horovodrun's elastic ranks do: Horovod's
   DistributedOptimizer reduces even in a job of one rank then, as the world may grow.
 """
 
+import collections
+import math
 import os
+import random
 import shlex
 import socketserver
 import subprocess
@@ -25,14 +32,15 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple
 
 from hvdtrain.core.elastic import HOSTS_VERSION_VARIABLE, STORE_VARIABLE
-from hvdtrain.core.exits import EXIT_HOSTS_UPDATED, NOT_RESTARTED
+from hvdtrain.core.exits import EXIT_COMMUNICATION, EXIT_HOSTS_UPDATED, NOT_RESTARTED
 from hvdtrain.run.hosts import Host, HostsError, parse_host
 
 DISCOVERY_INTERVAL_S = 1.0  # Horovod's
 DISCOVERY_TIMEOUT_S = 30.0
+LONGEST_COOLDOWN_S = 3600  # Horovod's bound on --blacklist-cooldown-range
 
 
 @dataclass(frozen=True)
@@ -43,6 +51,34 @@ class ElasticOptions:
     slots_per_host: int
     reset_limit: Optional[int]
     elastic_timeout_s: float
+    blacklist_cooldown_s: Optional[Tuple[int, int]] = None  # (MIN, MAX); None: blacklisted for good
+
+
+class Blacklist:
+    """The hosts left out of the job's starts, each until its cooldown ends: for good without a
+    cooldown range, else, as Horovod computes it, MIN * 2**n plus up to MIN at random for its n-th
+    blacklisting, kept within [MIN, MAX] seconds."""
+
+    def __init__(self, cooldown_range=None, clock=time.monotonic):
+        self._range, self._clock = cooldown_range, clock
+        self._until = {}  # host name -> when it may come back
+        self._times = collections.Counter()
+
+    def add(self, host):
+        """Blacklist the host of that name; returns for how long, in words."""
+        self._times[host] += 1
+        if self._range is None:
+            self._until[host] = math.inf
+            return "for good"
+        low, high = self._range
+        cooldown = min(high, max(low, low * 2 ** self._times[host] + random.uniform(0, low)))
+        self._until[host] = self._clock() + cooldown
+        return f"for {cooldown:.0f} s"
+
+    def without(self, hosts):
+        """`hosts` but those blacklisted now."""
+        now = self._clock()
+        return [host for host in hosts if self._until.get(host.host, 0) <= now]
 
 
 class DiscoveryError(Exception):
@@ -80,15 +116,16 @@ def placed(hosts, num_proc):
 
 class CommitStore(socketserver.ThreadingTCPServer):
     """The ranks' last commit (rank 0 sends it) and the version of the hosts, over TCP: one
-    request per connection (PUT n + n bytes, GET, VERSION), answered OK, DATA n + n bytes, NONE
-    or VERSION v."""
+    request per connection (PUT n + n bytes, GET, VERSION, RETURNED), answered OK, DATA n + n
+    bytes, NONE or VERSION v. Rank 0 GETs as `hvd.elastic.run` begins and says RETURNED when its
+    function has returned: `runs` counts the runs a job began and has not ended so."""
 
     daemon_threads = True
     allow_reuse_address = True
 
     def __init__(self):
         super().__init__(("", 0), _StoreRequest)
-        self.commit, self.hosts_version = None, 0
+        self.commit, self.hosts_version, self.runs = None, 0, 0
         threading.Thread(target=self.serve_forever, daemon=True).start()
 
 
@@ -99,19 +136,24 @@ class _StoreRequest(socketserver.StreamRequestHandler):
         if words[:1] == ["PUT"]:
             store.commit = self.rfile.read(int(words[1]))
             self.wfile.write(b"OK 0\n")
+        elif words[:1] == ["RETURNED"]:
+            store.runs -= 1
+            self.wfile.write(b"OK 0\n")
         elif words[:1] == ["GET"]:
+            store.runs += 1
             commit = store.commit
             self.wfile.write(b"NONE 0\n" if commit is None else b"DATA %d\n" % len(commit) + commit)
         elif words[:1] == ["VERSION"]:
             self.wfile.write(b"VERSION %d\n" % store.hosts_version)
 
 
-def watch_hosts(options, store, launched, stop):
+def watch_hosts(options, store, launched, stop, blacklist):
     """While the job runs: raise the hosts' version once when discovery finds hosts other than
-    those the job was started with (the ranks then stop at their next commit)."""
+    those the job was started with, the blacklisted left out (the ranks then stop at their next
+    commit; a host whose cooldown ended is found again so)."""
     while not stop.wait(DISCOVERY_INTERVAL_S):
         try:
-            found = discover(options)
+            found = blacklist.without(discover(options))
         except DiscoveryError as error:
             print(f"hvdtrun: {error}; the job goes on on its hosts", file=sys.stderr, flush=True)
             continue
@@ -122,16 +164,20 @@ def watch_hosts(options, store, launched, stop):
             return
 
 
-def hosts_for_a_start(options, deadline):
-    """The discovered hosts once they have --min-np slots, waiting until `deadline`."""
+def hosts_for_a_start(options, deadline, blacklist):
+    """The discovered hosts but the blacklisted, once they have --min-np slots, waiting until
+    `deadline`."""
     while True:
-        hosts = discover(options)
+        found = discover(options)
+        hosts = blacklist.without(found)
         if sum(host.slots for host in hosts) >= options.min_np:
             return hosts
         if time.monotonic() >= deadline:
+            left_out = [host for host in found if host not in hosts]
+            blacklisted = f", and blacklisted {format_hosts(left_out)}" if left_out else ""
             raise DiscoveryError(f"the discovery script found {sum(h.slots for h in hosts)} slots "
-                                 f"({format_hosts(hosts) or 'no hosts'}), fewer than --min-np {options.min_np}, "
-                                 f"for the whole --elastic-timeout")
+                                 f"({format_hosts(hosts) or 'no hosts'}){blacklisted}, fewer than --min-np "
+                                 f"{options.min_np}, for the whole --elastic-timeout")
         time.sleep(DISCOVERY_INTERVAL_S)
 
 
@@ -139,18 +185,19 @@ def format_hosts(hosts):
     return ",".join(f"{host.host}:{host.slots}" for host in hosts)
 
 
-def run_elastic(elastic, start_job, addresses):
+def run_elastic(elastic, start_job, addresses, answering):
     """Start and restart the job as the module says; returns hvdtrun's exit status.
     `start_job(num_proc, hosts)` runs one job of `num_proc` ranks (hvdtrun's launch: the start
     timeout, Ctrl-C) and returns its status; the ranks reach the commit store at this machine's
-    `addresses`."""
+    `addresses`; `answering(hosts)` are those of `hosts` that answer."""
     store = CommitStore()
     store_address = ",".join(["127.0.0.1", *addresses]) + f":{store.server_address[1]}"
+    blacklist = Blacklist(elastic.blacklist_cooldown_s)
     resets = 0
     try:
         while True:
             try:
-                hosts = hosts_for_a_start(elastic, time.monotonic() + elastic.elastic_timeout_s)
+                hosts = hosts_for_a_start(elastic, time.monotonic() + elastic.elastic_timeout_s, blacklist)
             except DiscoveryError as error:
                 print(f"hvdtrun: {error}", file=sys.stderr, flush=True)
                 return 1
@@ -161,11 +208,16 @@ def run_elastic(elastic, start_job, addresses):
             os.environ[HOSTS_VERSION_VARIABLE] = str(store.hosts_version)
             os.environ["HOROVOD_ELASTIC"] = "1"
             stop = threading.Event()
-            threading.Thread(target=watch_hosts, args=(elastic, store, hosts, stop), daemon=True).start()
+            threading.Thread(target=watch_hosts, args=(elastic, store, hosts, stop, blacklist), daemon=True).start()
+            store.runs = 0
             try:
                 status = start_job(num_proc, job_hosts)
             finally:
                 stop.set()
+            if status == 0 and store.runs > 0:
+                print("hvdtrun: mpirun ended with status 0, but hvd.elastic.run had not returned on rank 0 (mpirun "
+                      "ends so when it loses a host)", file=sys.stderr, flush=True)
+                status = EXIT_COMMUNICATION
             if status == 0:
                 return 0
             if status in NOT_RESTARTED or status == 130:
@@ -179,6 +231,12 @@ def run_elastic(elastic, start_job, addresses):
                 print(f"hvdtrun: {why}; it has been started again {resets - 1} times (--reset-limit "
                       f"{elastic.reset_limit}), so it stops here", file=sys.stderr, flush=True)
                 return status or 1
+            if status != EXIT_HOSTS_UPDATED:
+                reached = {host.host for host in answering(hosts)}
+                for host in hosts:
+                    if host.host not in reached:
+                        print(f"hvdtrun: host {host.host} does not answer; it is blacklisted "
+                              f"{blacklist.add(host.host)}", file=sys.stderr, flush=True)
             print(f"hvdtrun: {why}; starting it again from its last commit (reset {resets})", file=sys.stderr,
                   flush=True)
     finally:

@@ -31,11 +31,12 @@ UNSUPPORTED = [
     ["--num-nccl-streams", "2"], ["--thread-affinity", "1"], ["--gloo-timeout-seconds", "30"],
     ["--log-with-timestamp"], ["--log-without-timestamp"], ["-prefix-timestamp"],
     ["--prefix-output-with-timestamp"], ["--log-hide-timestamp"], ["--no-log-hide-timestamp"], ["--gloo"],
-    ["--mpi"], ["--jsrun"], ["--blacklist-cooldown-range", "60", "300"],
+    ["--mpi"], ["--jsrun"],
 ]
 ELASTIC = [  # taken with --host-discovery-script (tests/integration/launch/hvdtrun/test_elastic.py runs them)
     ["--min-np", "2"], ["--min-num-proc", "2"], ["--max-np", "4"], ["--max-num-proc", "4"],
     ["--slots-per-host", "2"], ["--elastic-timeout", "600"], ["--reset-limit", "3"],
+    ["--blacklist-cooldown-range", "60", "300"],
 ]
 
 
@@ -75,7 +76,6 @@ def test_more_ranks_than_the_hosts_slots_are_refused(tmp_path, monkeypatch, host
 @pytest.mark.parametrize("flag, reason", [
     (["--gloo"], "hvdtrain has no Gloo controller; it runs on MPI"),
     (["--ssh-port=2222"], "give mpirun's ssh options with --mpi-args"),
-    (["--blacklist-cooldown-range", "60", "300"], "hvdtrun does not blacklist hosts"),
 ])
 def test_an_unsupported_flag_is_refused_by_name(flag, reason, monkeypatch):
     line = refusal(hvdtrun_here("-np", "2", *flag, sys.executable, "-c", "pass", monkeypatch=monkeypatch))
@@ -217,3 +217,11 @@ def test_check_build_imports_no_framework():
              "print(sorted({'torch', 'tensorflow'} & set(sys.modules)))")
     result = run_command([sys.executable, "-c", probe], timeout=60)
     assert result.stdout.strip() == "[]", result.stderr
+
+
+@pytest.mark.parametrize("low, high", [("300", "60"), ("1", "3601")])
+def test_a_cooldown_range_out_of_order_or_past_an_hour_is_refused(low, high):
+    with pytest.raises(hvdtrun.UsageError, match=f"^--blacklist-cooldown-range {low} {high}: MIN must be at most "
+                                                 "MAX, and MAX at most 3600 s$"):
+        hvdtrun.parse_command_line(["--host-discovery-script", "discover.sh", "--blacklist-cooldown-range", low, high,
+                                    "python", "train.py"])
