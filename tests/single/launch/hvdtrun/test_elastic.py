@@ -1,8 +1,8 @@
 """hvdtrun's elastic driver (hvdtrain/launch/hvdtrun/elastic.py) around a stand-in for the job:
-after a failure, a host that does not answer is blacklisted and the job starts again without it
-(also after mpirun ended with status 0 before hvd.elastic.run returned),
-for good or for a cooldown that doubles between the bounds of --blacklist-cooldown-range, as
-Horovod's; a change of hosts blacklists nothing. The real jobs: tests/integration/launch/hvdtrun/
+after a failure (also mpirun's status 0 before hvd.elastic.run returned), a host that does not
+answer is blacklisted and the job starts again without it, for good or for a cooldown that
+doubles between the bounds of --blacklist-cooldown-range, as Horovod's; a change of hosts
+blacklists nothing. The real jobs: tests/integration/launch/hvdtrun/
 and tests/cluster/test_cluster_failure.py."""
 
 import pytest
@@ -113,4 +113,5 @@ def test_a_job_ended_with_status_0_before_its_elastic_run_returned_is_started_ag
 
     status, starts, asked = _driver(tmp_path, [lost_mid_run, finished], answer={"a"})
     assert status == 0 and starts[1] == [Host("a", 1)] and len(asked) == 1
-    assert "hvdtrun: mpirun ended with status 0, but hvd.elastic.run had not returned on rank 0" in capsys.readouterr().err
+    said = capsys.readouterr().err
+    assert "hvdtrun: mpirun ended with status 0, but hvd.elastic.run had not returned on rank 0" in said
