@@ -28,6 +28,16 @@ def _scale(destination, factor, source=None):
         np.multiply(source, factor, out=destination, casting="unsafe")
 
 
+def _mpi_has_float16(MPI):
+    """Whether mpi4py finds a datatype of this MPI library for NumPy's float16."""
+    from mpi4py.util import dtlib
+
+    try:
+        return dtlib.from_numpy_dtype(np.float16) != MPI.DATATYPE_NULL
+    except (KeyError, ValueError, TypeError):
+        return False
+
+
 def _byte_view(array):
     return array.reshape(-1).view(np.uint8)
 
@@ -51,35 +61,34 @@ class MpiBackend:
             ReduceOp.MAX: MPI.MAX,
             ReduceOp.PRODUCT: MPI.PROD,
         }
-        self._bfloat16_ops = {}
+        self._words_ops = {}  # (dtype, op) -> the user-defined op of _words_op
+        self._has_float16 = _mpi_has_float16(MPI)
         self._fusion_buffer = np.empty(0, np.uint8)
         self._adasum_within_host = None if adasum_hosts is None else MpiBackend(adasum_hosts[0], settings)
         self._adasum_comm = comm if adasum_hosts is None else adasum_hosts[1]
         self._adasum_comms = None  # adasum.level_communicators, made by the first Adasum
 
-    # MPI has no bfloat16; reduce it as 16-bit words with a user-defined op that adds in
-    # float32 through ml_dtypes.
-    def _bfloat16_op(self, op):
-        mpi_op = self._bfloat16_ops.get(op)
+    # MPI has no bfloat16, and an MPI without an extension for float16 (Open MPI 5 has
+    # MPI_SHORT_FLOAT) none for that either: those are reduced as 16-bit words with a user-defined
+    # op that computes in float32 (NumPy's float16, ml_dtypes' bfloat16).
+    def _words_op(self, dtype, op):
+        mpi_op = self._words_ops.get((dtype, op))
         if mpi_op is None:
-            import ml_dtypes
-
             ufunc = {ReduceOp.SUM: np.add, ReduceOp.AVERAGE: np.add, ReduceOp.MIN: np.minimum,
                      ReduceOp.MAX: np.maximum, ReduceOp.PRODUCT: np.multiply}[op]
 
             def reduce_words(incoming, inout, datatype):
-                a = np.frombuffer(incoming, ml_dtypes.bfloat16)
-                b = np.frombuffer(inout, ml_dtypes.bfloat16)
-                ufunc(a, b, out=b)
+                ufunc(np.frombuffer(incoming, dtype), np.frombuffer(inout, dtype), out=np.frombuffer(inout, dtype))
 
-            mpi_op = self._bfloat16_ops[op] = self._MPI.Op.Create(reduce_words, commute=True)
+            mpi_op = self._words_ops[(dtype, op)] = self._MPI.Op.Create(reduce_words, commute=True)
         return mpi_op
 
     def _operands(self, array, op):
-        # Of the reducible dtypes only ml_dtypes' bfloat16 is of kind "V". Not `dtype.name`:
-        # NumPy builds that string on every call (5 us, measured), and this runs for every piece.
-        if array.dtype.kind == "V":
-            return [array.view(np.uint16), self._MPI.UINT16_T], self._bfloat16_op(op)
+        # Of the reducible dtypes only ml_dtypes' bfloat16 is of kind "V", and float16 is the
+        # only float of 2 bytes. Not `dtype.name`: NumPy builds that string on every call (5 us,
+        # measured), and this runs for every piece.
+        if array.dtype.kind == "V" or (array.itemsize == 2 and array.dtype.kind == "f" and not self._has_float16):
+            return [array.view(np.uint16), self._MPI.UINT16_T], self._words_op(array.dtype, op)
         return array, self._ops[op]
 
     def _reduce_in_place(self, array, op):

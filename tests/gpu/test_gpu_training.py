@@ -85,11 +85,13 @@ def ranks_equivalence():
     got = _train(model, optimizer, _batches(n, 1, device, torch.float32), my_part, 1, torch.amp.GradScaler("cuda"))
     assert torch.allclose(got, expected, atol=2e-3), f"rank {r}: AMP differs by {(got - expected).abs().max()}"
 
-    # fp16 compression on the device: averaged in half precision, handed back in float32.
+    # fp16 compression on the device: averaged in half precision, handed back in float32. NCCL's
+    # average (ncclAvg, as Horovod's) scales each rank's part by 1/n in half precision: exact
+    # where n is a power of two, else within a unit in the last place (2.0 at 3 ranks: 1.999).
     gradient = torch.full((1000,), float(r + 1), device=device)
     averaged = hvd.allreduce(gradient, compression=hvd.Compression.fp16, name="compressed")
     assert averaged.dtype == torch.float32 and averaged.is_cuda
-    assert torch.all(averaged == (n + 1) / 2), averaged
+    assert torch.allclose(averaged, torch.full_like(averaged, (n + 1) / 2), rtol=2 ** -10, atol=0), averaged
     print(f"rank {r} training ok")
 
 

@@ -397,13 +397,28 @@ def scale_factors_give_horovods_results_for_every_reducible_dtype():
 
 # ----------------------------------------------------------------------------- the jobs
 
+def float16_is_exact_through_an_mpi_without_a_float16_datatype():
+    """As an MPI library without Open MPI's MPI_SHORT_FLOAT reduces it (seen on a GPU machine):
+    as 16-bit words with a user-defined op."""
+    from hvdtrain.core import mpi_backend
+
+    mpi_backend._mpi_has_float16 = lambda MPI: False
+    core.init()
+    operands, _ = core.running_engine()._host_backend._operands(np.zeros(2, np.float16), ReduceOp.SUM)
+    assert isinstance(operands, list), "float16 went to MPI as float16"  # [the words, UINT16_T]
+    core.shutdown()
+    allreduce_is_exact_for_every_op_scale_dtype_shape_and_form()
+
+
 EXACT = [allreduce_is_exact_for_every_op_scale_dtype_shape_and_form, reducescatter_is_exact_with_uneven_first_dimensions]
 SAME_BITS = [fused_and_unfused_results_are_identical, every_rank_gets_the_same_bits_of_an_inexact_reduction]
 BUCKETS = [bucket_regions_are_reduced_in_place_exactly_and_gaps_left_alone,
            a_bucket_layout_that_differs_between_ranks_fails_everywhere_and_leaves_the_data_alone]
 SCALING = [scale_factors_give_horovods_results_for_every_reducible_dtype]
 # Which checks each job runs: the buckets need not run on 4 ranks, nor Horovod's scaling on more than 2.
-JOBS = {"alone": EXACT, 2: EXACT + SAME_BITS + BUCKETS + SCALING, 3: EXACT + SAME_BITS + BUCKETS, 4: EXACT + SAME_BITS}
+WITHOUT_FLOAT16 = [float16_is_exact_through_an_mpi_without_a_float16_datatype]
+JOBS = {"alone": EXACT, 2: EXACT + SAME_BITS + BUCKETS + SCALING + WITHOUT_FLOAT16, 3: EXACT + SAME_BITS + BUCKETS,
+        4: EXACT + SAME_BITS}
 
 
 def job(ranks, num_proc):
@@ -432,3 +447,7 @@ def test_buckets(ranks, check, num_proc):
 
 def test_scale_factors_give_horovods_results_for_every_reducible_dtype(ranks):
     job(ranks, 2).assert_passed(scale_factors_give_horovods_results_for_every_reducible_dtype)
+
+
+def test_float16_is_exact_through_an_mpi_without_a_float16_datatype(ranks):
+    job(ranks, 2).assert_passed(float16_is_exact_through_an_mpi_without_a_float16_datatype)
