@@ -29,13 +29,16 @@ def _scale(destination, factor, source=None):
 
 
 def _mpi_has_float16(MPI):
-    """Whether mpi4py finds a datatype of this MPI library for NumPy's float16."""
+    """Whether this MPI library has a datatype that mpi4py gives NumPy's float16 (asked for by
+    duplicating it, which an MPI without one refuses with MPI_ERR_TYPE)."""
     from mpi4py.util import dtlib
 
     try:
-        return dtlib.from_numpy_dtype(np.float16) != MPI.DATATYPE_NULL
-    except (KeyError, ValueError, TypeError):
+        datatype = dtlib.from_numpy_dtype(np.float16)
+    except (KeyError, ValueError, TypeError, MPI.Exception):
         return False
+    datatype.Free()
+    return True
 
 
 def _byte_view(array):
