@@ -175,6 +175,12 @@ def takes_part(process_set):
     return True
 
 
+def adasum_refusal(on_device=False, process_set=None):
+    """Why ReduceOp.ADASUM cannot combine host (or, `on_device`, CUDA) buffers on the ranks of
+    `process_set`, in the line its submission would be refused with; None where it can."""
+    return running_engine(process_set).adasum_refusal(on_device)
+
+
 def topology():
     return running_engine().topology
 

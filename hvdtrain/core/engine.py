@@ -80,6 +80,7 @@ class Engine:
         self._submissions = submissions = Submissions(self.size, self.members, settings, is_world=members is None,
                                                       topology=self.topology, hurry=self.hurry)
         self.auto_name, self._prepare = submissions.auto_name, submissions.prepare
+        self.adasum_refusal = submissions.adasum_refusal
         self._lock = threading.Lock()
         self._submitted = collections.deque()
         self._in_flight = set()

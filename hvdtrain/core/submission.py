@@ -190,21 +190,28 @@ class Submissions:
         return Request(name, kind, dtype, array.shape, op, float(prescale), float(postscale), int(root),
                        "cuda" if on_device else "cpu", bucket_name, offset)
 
+    def adasum_refusal(self, on_device):
+        """Why Adasum cannot combine these ranks' host (or device) buffers, in one line; None
+        where it can."""
+        if on_device and self._gpu_operations["allreduce"] == "NCCL":  # across hosts (Engine._backend)
+            hosts = self._topology.cross_size
+            if not (self._topology.is_homogeneous and is_power_of_two(hosts)):
+                return (f"Adasum of GPU tensors averages within each host and combines across hosts, so it "
+                        f"needs as many ranks on every host and a power of two of hosts; this job has {hosts} hosts"
+                        f"{'' if self._topology.is_homogeneous else ' with different numbers of ranks'} (with "
+                        "HOROVOD_GPU_ALLREDUCE=MPI it combines over all ranks, a power of two of them)")
+        elif not is_power_of_two(self.size):
+            where = "this job has" if self._is_world else f"process set {list(self.members)} has"
+            return f"Adasum needs a power of two of ranks; {where} {self.size}"
+        return None
+
     def _check_adasum(self, label, kind, dtype, on_device):
         # NotImplementedError is a RuntimeError, which Horovod's callers catch for every Adasum refusal
         if kind is not ALLREDUCE:
             raise NotImplementedError(f"{label}: op Adasum is an allreduce only")
-        if on_device and self._gpu_operations["allreduce"] == "NCCL":  # across hosts (Engine._backend)
-            hosts = self._topology.cross_size
-            if not (self._topology.is_homogeneous and is_power_of_two(hosts)):
-                raise NotImplementedError(
-                    f"{label}: Adasum of GPU tensors averages within each host and combines across hosts, so it "
-                    f"needs as many ranks on every host and a power of two of hosts; this job has {hosts} hosts"
-                    f"{'' if self._topology.is_homogeneous else ' with different numbers of ranks'} (with "
-                    "HOROVOD_GPU_ALLREDUCE=MPI it combines over all ranks, a power of two of them)")
-        elif not is_power_of_two(self.size):
-            where = "this job has" if self._is_world else f"process set {list(self.members)} has"
-            raise NotImplementedError(f"{label}: Adasum needs a power of two of ranks; {where} {self.size}")
+        refusal = self.adasum_refusal(on_device)
+        if refusal is not None:
+            raise NotImplementedError(f"{label}: {refusal}")
         if dtype not in ADASUM_DTYPES:
             raise TypeError(f"{label}: Adasum combines {', '.join(ADASUM_DTYPES)} tensors, not {dtype}")
 

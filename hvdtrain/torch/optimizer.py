@@ -77,7 +77,6 @@ import torch
 
 from hvdtrain import core
 from hvdtrain.core import global_process_set
-from hvdtrain.core.adasum import is_power_of_two
 from hvdtrain.core.fusion import plan_segments
 from hvdtrain.core.horovod_api import Adasum, Average
 
@@ -615,10 +614,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         if process_set != global_process_set:
             raise NotImplementedError("Adasum does not support non-global process sets yet.")
         all_params = [p for group in optimizer.param_groups for p in group["params"]]
-        # Refused here, not from inside the first backward, where the engine would refuse it
-        # (for parameters on GPUs, what it needs depends on the hosts: submission.py)
-        if not any(p.is_cuda for p in all_params) and not is_power_of_two(core.size()):
-            raise NotImplementedError(f"Adasum needs a power of two of ranks; this job has {core.size()}")
+        # Refused here, with the engine's own rule, not from inside the first backward
+        refusal = core.adasum_refusal(on_device=any(p.is_cuda for p in all_params))
+        if refusal is not None:
+            raise NotImplementedError(refusal)
         names = _parameter_names(named_parameters, all_params)
         cls = type(optimizer.__class__.__name__, (_DistributedAdasumOptimizer, optimizer.__class__), {})
         return cls(optimizer.param_groups, names, compression, backward_passes_per_step)
