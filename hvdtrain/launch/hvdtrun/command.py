@@ -28,8 +28,10 @@ Ctrl-C stops the whole job.
   the hosts, and MPI's initialization, where the ranks first meet, waits for every rank without
   a limit, pmix_base_exchange_timeout notwithstanding), so hvdtrun keeps it itself: each rank
   first runs rank_start.py, which reports to a socket of hvdtrun's and then executes the
-  command in its place. A job whose ranks have not all reported in time is stopped, naming the
-  missing ranks (exit status 1).
+  command in its place (rank_watch.py). A job whose ranks have not all reported in time is
+  stopped, naming the missing ranks (exit status 1).
+- A job that mpirun ends with status 0 while some rank's process has not ended (Open MPI 5's
+  mpirun does so when it loses a host) fails with status 75, naming the ranks and where they ran.
 - `--host-discovery-script S` and the elastic flags run a Horovod Elastic script (elastic.py).
 - `--check-build` shows what this install has, in horovodrun's layout.
 
@@ -40,31 +42,23 @@ on stderr and exit status 2. Otherwise hvdtrun exits with the job's status (130 
 import argparse
 import copy
 import difflib
-import fcntl
 import importlib.util
 import os
 import shlex
 import shutil
 import signal
-import socket
-import struct
 import sys
-import threading
-import time
-from dataclasses import dataclass, field
-from typing import List, Optional
 
 from hvdtrain import __version__
-from hvdtrain.core.exits import EXIT_CONFIG
+from hvdtrain.core.exits import EXIT_COMMUNICATION, EXIT_CONFIG
 from hvdtrain.launch import mpirun
-from hvdtrain.launch.hvdtrun import elastic
+from hvdtrain.launch.hvdtrun import elastic, rank_watch
 from hvdtrain.run.hosts import Host, HostsError, all_on_this_machine, parse_hosts, read_hostfile
 
 DEFAULT_START_TIMEOUT_S = 30  # horovodrun's
 DEFAULT_ELASTIC_TIMEOUT_S = 600  # horovodrun's
 START_TIMEOUT_VARIABLE = "HOROVOD_START_TIMEOUT"
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")  # horovodrun's --log-level choices
-SIOCGIFADDR = 0x8915  # Linux ioctl: an interface's IPv4 address
 
 AUTOTUNE = "hvdtrain does not autotune; set --fusion-threshold-mb and --cycle-time-ms yourself"
 GLOO = "hvdtrain has no Gloo controller; it runs on MPI"
@@ -390,91 +384,12 @@ def mpirun_extra_args(options):
         raise UsageError(f"--mpi-args {options.mpi_args!r}: {error}") from None
 
 
-def interface_addresses(names):
-    """The IPv4 addresses of this machine's interfaces (only those in `names`, if any), loopback
-    left out: where ranks on other hosts may reach hvdtrun."""
-    addresses = []
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        for _, name in socket.if_nameindex():
-            if names and name not in names:
-                continue
-            try:
-                request = fcntl.ioctl(probe.fileno(), SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
-            except OSError:
-                continue  # the interface has no IPv4 address
-            address = socket.inet_ntoa(request[20:24])
-            if not address.startswith("127."):
-                addresses.append(address)
-    return addresses
-
-
-@dataclass
-class StartWatch:
-    """hvdtrun's side of the start timeout: the socket the ranks report to, the addresses they
-    may reach it at, and what came of it."""
-    listener: socket.socket
-    addresses: List[str]
-    world_size: int
-    timeout_s: int
-    verbose: bool
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    job_ended: bool = False
-    missing: Optional[List[int]] = None  # the ranks that had not started when time ran out
-
-
-def open_start_watch(options, hosts, timeout_s):
-    """A StartWatch listening on this machine's loopback when every rank runs here, else on all
-    its interfaces."""
-    if all_on_this_machine(hosts):
-        listener, addresses = socket.create_server(("127.0.0.1", 0)), ["127.0.0.1"]
-    else:
-        # The interfaces named for MPI's traffic where this machine has them; under other names
-        # here (a bridge to the other hosts' eth0, say), any of its interfaces.
-        addresses = interface_addresses(options.network_interfaces) or interface_addresses([])
-        if not addresses:
-            raise UsageError("this machine has no IPv4 address but loopback, where ranks on other hosts "
-                             "could report that they have started")
-        listener = socket.create_server(("", 0))
-    return StartWatch(listener, addresses, options.num_proc, timeout_s, options.verbose)
-
-
-def watch_start(watch, main_thread_id):
-    """Collects the ranks' reports; when time runs out first, stops the job as Ctrl-C does
-    (mpirun.run stops all of it on KeyboardInterrupt)."""
-    started_at = time.monotonic()
-    deadline = started_at + watch.timeout_s
-    started = set()
-    while len(started) < watch.world_size:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            break
-        watch.listener.settimeout(remaining)
-        try:
-            connection, _ = watch.listener.accept()
-        except socket.timeout:
-            break
-        except OSError:
-            return  # the listener was closed: the job has ended
-        with connection:
-            connection.settimeout(remaining)
-            try:
-                started.add(int(connection.recv(64).decode()))
-            except (OSError, ValueError):
-                pass  # not a rank's report
-    if len(started) == watch.world_size:
-        if watch.verbose:
-            print(f"hvdtrun: all {watch.world_size} ranks started in {time.monotonic() - started_at:.1f} s",
-                  file=sys.stderr, flush=True)
-        return
-    with watch.lock:
-        if not watch.job_ended:
-            watch.missing = sorted(set(range(watch.world_size)) - started)
-            signal.pthread_kill(main_thread_id, signal.SIGINT)
-
-
-def describe_ranks(ranks, shown=8):
-    listed = ", ".join(map(str, ranks[:shown]))
-    return listed + (f" and {len(ranks) - shown} more" if len(ranks) > shown else "")
+def open_rank_watch(options, hosts, timeout_s):
+    try:
+        return rank_watch.open_rank_watch(hosts, options.network_interfaces, options.num_proc, timeout_s,
+                                          options.verbose)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
 
 
 def launch(options, hosts, extra_args, watch):
@@ -489,21 +404,39 @@ def launch(options, hosts, extra_args, watch):
     # the shell started us in the background, which leaves SIGINT ignored
     for stop_signal in (signal.SIGTERM, signal.SIGINT):
         signal.signal(stop_signal, signal.default_int_handler)
-    threading.Thread(target=watch_start, args=(watch, threading.get_ident()), daemon=True).start()
+    watching = rank_watch.start_watching(watch)
     try:
         result = mpirun.run(command, env=env)
-        with watch.lock:
-            watch.job_ended = True
+        rank_watch.job_ended(watch, watching)
     except KeyboardInterrupt:
         if watch.missing:
             print(f"hvdtrun: {len(watch.missing)} of {options.num_proc} ranks had not started after "
-                  f"{watch.timeout_s} s (rank {describe_ranks(watch.missing)}); the job was stopped. Check that "
-                  f"the hosts can be reached, or give more time with --start-timeout", file=sys.stderr)
+                  f"{watch.timeout_s} s (rank {rank_watch.describe_ranks(watch.missing)}); the job was stopped. "
+                  f"Check that the hosts can be reached, or give more time with --start-timeout", file=sys.stderr)
             return 1
         print("hvdtrun: interrupted; the job was stopped", file=sys.stderr)
         return 130
     # mpirun killed by a signal: the status a shell would report
     return result.returncode if result.returncode >= 0 else 128 - result.returncode
+
+
+def every_rank_ended(watch, status):
+    """`status`, or, where mpirun ended with 0 but some rank's process did not end with it,
+    EXIT_COMMUNICATION, saying which ranks."""
+    try:
+        not_ended = rank_watch.ranks_not_ended(watch) if status == 0 else {}
+    except KeyboardInterrupt:  # the job has ended; hvdtrun was waiting for a rank's end to arrive
+        print("hvdtrun: interrupted", file=sys.stderr)
+        return 130
+    if not not_ended:
+        return status
+    described = [f"{rank} ({'never started' if address is None else 'from ' + address})"
+                 for rank, address in not_ended.items()]
+    print(f"hvdtrun: mpirun ended with status 0, but {'rank' if len(described) == 1 else 'ranks'} "
+          f"{rank_watch.describe_ranks(described)} had not ended (mpirun ends so when it loses a host; or a process "
+          f"the rank started outlives it, holding its connection to hvdtrun); the job failed",
+          file=sys.stderr, flush=True)
+    return EXIT_COMMUNICATION
 
 
 def check_build_report():
@@ -554,12 +487,14 @@ def main(argv=None):
             sys.exit(run_elastically(options, extra_args, timeout_s))
         hosts = job_hosts(options)
         check_command_and_hosts(options.command, hosts, extra_args)
-        watch = open_start_watch(options, hosts, timeout_s)
+        watch = open_rank_watch(options, hosts, timeout_s)
     except UsageError as error:
         print(f"hvdtrun: {error}", file=sys.stderr)
         sys.exit(EXIT_CONFIG)
-    with watch.listener:
-        sys.exit(launch(options, hosts, extra_args, watch))
+    try:
+        sys.exit(every_rank_ended(watch, launch(options, hosts, extra_args, watch)))
+    finally:
+        watch.close()
 
 
 def run_elastically(options, extra_args, timeout_s):
@@ -574,17 +509,21 @@ def run_elastically(options, extra_args, timeout_s):
         elastic_timeout_s=options.elastic_timeout or DEFAULT_ELASTIC_TIMEOUT_S,
         blacklist_cooldown_s=options.blacklist_cooldown_range)
 
+    # Whether a job ended with its work done the driver asks the commit store (whether rank 0's
+    # hvd.elastic.run returned), which says more than whether the ranks' processes ended.
     def start_job(num_proc, hosts):
         job_options = copy.copy(options)
         job_options.num_proc = num_proc
-        watch = open_start_watch(job_options, hosts, timeout_s)
-        with watch.listener:
+        watch = open_rank_watch(job_options, hosts, timeout_s)
+        try:
             return launch(job_options, hosts, extra_args, watch)
+        finally:
+            watch.close()
 
     def answering(hosts):
         return mpirun.reachable_hosts(hosts, extra_args, os.environ)
 
-    addresses = interface_addresses(options.network_interfaces) or interface_addresses([])
+    addresses = rank_watch.interface_addresses(options.network_interfaces) or rank_watch.interface_addresses([])
     return elastic.run_elastic(settings, start_job, addresses, answering)
 
 

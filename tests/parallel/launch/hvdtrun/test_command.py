@@ -1,8 +1,9 @@
 """`hvdtrun`, horovodrun for hvdtrain (hvdtrain/launch/hvdtrun/command.py): Horovod-style scripts
 started as a Horovod user starts them, as real jobs under mpirun: the ranks of -np or of a
 hostfile, horovodrun's tuning flags reaching every rank's engine, the network interface reaching
-Open MPI and NCCL, a failing rank failing the job once, Ctrl-C, and a job whose ranks do not
-start in time. The command line alone: tests/single/launch/hvdtrun/test_command.py."""
+Open MPI and NCCL, a failing rank failing the job once, a rank that has not ended when mpirun
+ends, Ctrl-C, and a job whose ranks do not start in time. The command line alone:
+tests/single/launch/hvdtrun/test_command.py."""
 
 import json
 import os
@@ -199,6 +200,23 @@ def test_a_failing_ranks_error_is_shown_once(rank_1_failed):
     result, _ = rank_1_failed
     assert result.stderr.count("RuntimeError: rank 1 fails on purpose") == 1, result.stderr
     assert result.stderr.count("Traceback") == 1, result.stderr
+
+
+def test_a_job_a_rank_of_which_did_not_end_with_mpirun_fails_naming_it(tmp_path):
+    """mpirun's status 0 is not the job's end while a rank's connection to hvdtrun stays open:
+    here a process that rank 1 forked holds it after the rank has ended (as a rank on a lost
+    host would; tests/cluster/test_cluster_failure.py loses a host)."""
+    (tmp_path / "forks.py").write_text(textwrap.dedent("""\
+        import os, time
+        if os.environ["OMPI_COMM_WORLD_RANK"] == "1" and os.fork() == 0:
+            os.close(1), os.close(2)  # not mpirun's output: only hvdtrun's connection outlives the rank
+            time.sleep(15)
+            os._exit(0)
+    """))
+    result = run_hvdtrun("-np", "2", sys.executable, "forks.py", cwd=tmp_path)
+    assert result.returncode == 75, result.stdout + result.stderr
+    assert ("hvdtrun: mpirun ended with status 0, but rank 1 (from 127.0.0.1) had not ended" in result.stderr), \
+        result.stderr
 
 
 @pytest.fixture(scope="module")
