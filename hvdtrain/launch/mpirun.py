@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import List, Optional, Sequence
 
@@ -125,17 +126,40 @@ def mpirun_command(program: Sequence[str], hosts: Optional[List[Host]] = None, n
     return command + list(extra_args) + list(program)
 
 
-def run(command, env=None, timeout=None, capture=False):
+def run(command, env=None, timeout=None, capture=False, copy_to=None):
     """Run a launcher command (see `started`); on timeout or Ctrl-C, stop the whole job (see `stop`)
-    and raise subprocess.TimeoutExpired or KeyboardInterrupt."""
-    with started(command, env=env, capture=capture) as process:
+    and raise subprocess.TimeoutExpired or KeyboardInterrupt. `copy_to`: None, or the (stdout,
+    stderr) text streams its output is copied into, line by line, as it comes."""
+    pipes = {} if copy_to is None else {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+    with started(command, env=env, capture=capture, **pipes) as process:
+        copies = [copy_lines(stream, into) for stream, into in zip((process.stdout, process.stderr), copy_to or ())]
         try:
-            output, _ = process.communicate(timeout=timeout)
+            if copies:  # the pipes are theirs to read
+                process.wait(timeout)
+                output = None
+            else:
+                output, _ = process.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             stop(process)
-            output, _ = process.communicate()
+            output = None if copies else process.communicate()[0]
             raise subprocess.TimeoutExpired(command, timeout, output=output) from None
+        finally:
+            for copy in copies:
+                copy.join()
     return subprocess.CompletedProcess(command, process.returncode, output, None)
+
+
+def copy_lines(stream, into):
+    """A thread that copies the text `stream` into the stream `into`, line by line, until it ends."""
+    def copy():
+        for line in iter(stream.readline, ""):
+            into.write(line)
+            with contextlib.suppress(AttributeError):
+                into.flush()
+
+    thread = threading.Thread(target=copy, daemon=True)
+    thread.start()
+    return thread
 
 
 @contextlib.contextmanager

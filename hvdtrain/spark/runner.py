@@ -7,7 +7,6 @@ each rank it starts runs `fn` sent by its task. The results travel back as the t
 come out in rank order.
 """
 
-import contextlib
 import os
 import queue
 import secrets
@@ -60,8 +59,8 @@ def run(fn: Callable[..., Any], args: Sequence = (), kwargs: Optional[Dict] = No
             print("hvdtrain.spark:", " ".join(command), file=sys.stderr)
         with mpirun.started(command, env=job_env, stdout=subprocess.PIPE if stdout else None,
                             stderr=subprocess.PIPE if stderr else None) as launcher:
-            copies = [_copy(stream, into) for stream, into in ((launcher.stdout, stdout), (launcher.stderr, stderr))
-                      if into]
+            copies = [mpirun.copy_lines(stream, into)
+                      for stream, into in ((launcher.stdout, stdout), (launcher.stderr, stderr)) if into]
             failure = _first_failure([connection for *_, connection in tasks], job)
             job.finished.wait()
             if failure is None and job.error is not None:
@@ -187,18 +186,6 @@ def _task_function(service_address, key, call, start_timeout):
         return [(rank, result)]
 
     return task
-
-
-def _copy(stream, into):
-    def copy():
-        for line in iter(stream.readline, ""):
-            into.write(line)
-            with contextlib.suppress(AttributeError):
-                into.flush()
-
-    thread = threading.Thread(target=copy, daemon=True)
-    thread.start()
-    return thread
 
 
 def _first_line(error):

@@ -32,7 +32,8 @@ Ctrl-C stops the whole job.
   stopped, naming the missing ranks (exit status 1).
 - A job that mpirun ends with status 0 while some rank's process has not ended (Open MPI 5's
   mpirun does so when it loses a host) fails with status 75, naming the ranks and where they ran.
-- `--host-discovery-script S` and the elastic flags run a Horovod Elastic script (elastic.py).
+- `--host-discovery-script S` and the elastic flags, or `--min-np N` on fixed hosts, run a
+  Horovod Elastic script (elastic.py).
 - `--check-build` shows what this install has, in horovodrun's layout.
 
 Every other horovodrun flag is refused by name with the reason, as are unknown ones: one line
@@ -246,10 +247,11 @@ def parse_command_line(argv):
     if options.check_build:
         return options
     given = [flag for name, flag in ELASTIC_FLAGS.items() if getattr(options, name) is not None]
-    if options.host_discovery_script is None:
+    if not is_elastic(options):
         if given:
-            raise UsageError(f"{given[0]} is for elastic jobs: it needs --host-discovery-script")
-    elif options.hosts or options.hostfile:
+            raise UsageError(f"{given[0]} is for elastic jobs: it needs --host-discovery-script, or --min-np on "
+                             f"fixed hosts")
+    elif options.host_discovery_script is not None and (options.hosts or options.hostfile):
         raise UsageError("-H/--hosts and --hostfile name fixed hosts; an elastic job's come from "
                          "--host-discovery-script")
     elif options.min_np and options.max_np and options.min_np > options.max_np:
@@ -259,7 +261,7 @@ def parse_command_line(argv):
         if not low <= high <= elastic.LONGEST_COOLDOWN_S:
             raise UsageError(f"--blacklist-cooldown-range {low} {high}: MIN must be at most MAX, and MAX at most "
                              f"{elastic.LONGEST_COOLDOWN_S} s")
-    if options.num_proc is None and options.host_discovery_script is None:
+    if options.num_proc is None and not is_elastic(options):
         raise UsageError("-np/--num-proc is required: the number of ranks to start")
     if not options.command:
         raise UsageError("no command to run (e.g. hvdtrun -np 2 python train.py)")
@@ -270,9 +272,16 @@ def parse_command_line(argv):
     return options
 
 
+def is_elastic(options):
+    """Whether the job runs elastically, as horovodrun decides it: with a discovery script, or
+    with --min-np (then on the fixed hosts of -H or --hostfile, or this machine)."""
+    return options.host_discovery_script is not None or options.min_np is not None
+
+
 def job_hosts(options):
-    """The hosts the job runs on, refused where their slots cannot take -np ranks. A host named
-    without slots has one, as with mpirun's -H."""
+    """The hosts the job runs on, refused where their slots cannot take -np ranks (or --min-np);
+    without -H or --hostfile, this machine. A host named without slots has one, as with mpirun's
+    -H."""
     try:
         if options.hosts:
             named, given = parse_hosts(options.hosts, f"-H {options.hosts}"), f"-H {options.hosts}"
@@ -280,14 +289,17 @@ def job_hosts(options):
             named = read_hostfile(options.hostfile, f"--hostfile {options.hostfile}")
             given = None
         else:
-            return [Host("localhost", options.num_proc)]
+            return [Host("localhost", max(n for n in (options.num_proc, options.min_np, options.max_np) if n))]
     except HostsError as error:
         raise UsageError(str(error)) from None
     hosts = [Host(name, slots or 1) for name, slots in named]
     given = given or f"--hostfile {options.hostfile} ({','.join(f'{h.host}:{h.slots}' for h in hosts)})"
     slots = sum(host.slots for host in hosts)
-    if options.num_proc > slots:
+    if (options.num_proc or 0) > slots:
         raise UsageError(f"-np {options.num_proc} asks for {options.num_proc} ranks but {given} "
+                         f"offers only {slots} slots")
+    if (options.min_np or 0) > slots:  # fixed hosts never offer more
+        raise UsageError(f"--min-np {options.min_np} asks for at least {options.min_np} ranks but {given} "
                          f"offers only {slots} slots")
     return hosts
 
@@ -392,8 +404,8 @@ def open_rank_watch(options, hosts, timeout_s):
         raise UsageError(str(error)) from None
 
 
-def launch(options, hosts, extra_args, watch):
-    """Runs the job; returns hvdtrun's exit status."""
+def launch(options, hosts, extra_args, watch, copy_to=None):
+    """Runs the job; returns hvdtrun's exit status. `copy_to`: see run_job."""
     env = rank_environment(options, hosts)
     program = [sys.executable, "-m", "hvdtrain.launch.hvdtrun.rank_start", ",".join(watch.addresses),
                str(watch.listener.getsockname()[1]), "--", *options.command]
@@ -406,7 +418,7 @@ def launch(options, hosts, extra_args, watch):
         signal.signal(stop_signal, signal.default_int_handler)
     watching = rank_watch.start_watching(watch)
     try:
-        result = mpirun.run(command, env=env)
+        result = mpirun.run(command, env=env, copy_to=copy_to)
         rank_watch.job_ended(watch, watching)
     except KeyboardInterrupt:
         if watch.missing:
@@ -478,26 +490,34 @@ def main(argv=None):
         if options.check_build:
             print(check_build_report())
             sys.exit(0)
-        problem = mpirun.environment_problem({**os.environ, **engine_variables(options)})
-        if problem:
-            raise UsageError(problem)
-        extra_args = mpirun_extra_args(options)
-        timeout_s = start_timeout_s(options, os.environ)
-        if options.host_discovery_script is not None:
-            sys.exit(run_elastically(options, extra_args, timeout_s))
-        hosts = job_hosts(options)
-        check_command_and_hosts(options.command, hosts, extra_args)
-        watch = open_rank_watch(options, hosts, timeout_s)
+        sys.exit(run_job(options))
     except UsageError as error:
         print(f"hvdtrun: {error}", file=sys.stderr)
         sys.exit(EXIT_CONFIG)
+
+
+def run_job(options, copy_to=None):
+    """Runs the job of `options`, plain or elastic, and returns hvdtrun's exit status; UsageError
+    where it is refused before it starts. `copy_to`: None, or the (stdout, stderr) text streams
+    the ranks' output is copied into, where this process's own are not its descriptors 1 and 2
+    (a notebook's)."""
+    problem = mpirun.environment_problem({**os.environ, **engine_variables(options)})
+    if problem:
+        raise UsageError(problem)
+    extra_args = mpirun_extra_args(options)
+    timeout_s = start_timeout_s(options, os.environ)
+    if is_elastic(options):
+        return run_elastically(options, extra_args, timeout_s, copy_to)
+    hosts = job_hosts(options)
+    check_command_and_hosts(options.command, hosts, extra_args)
+    watch = open_rank_watch(options, hosts, timeout_s)
     try:
-        sys.exit(every_rank_ended(watch, launch(options, hosts, extra_args, watch)))
+        return every_rank_ended(watch, launch(options, hosts, extra_args, watch, copy_to))
     finally:
         watch.close()
 
 
-def run_elastically(options, extra_args, timeout_s):
+def run_elastically(options, extra_args, timeout_s, copy_to=None):
     """The elastic mode (elastic.py): each start of the job is one `launch`, of the ranks the
     hosts found then can take."""
     settings = elastic.ElasticOptions(
@@ -507,7 +527,8 @@ def run_elastically(options, extra_args, timeout_s):
         slots_per_host=options.slots_per_host or 1,
         reset_limit=options.reset_limit,
         elastic_timeout_s=options.elastic_timeout or DEFAULT_ELASTIC_TIMEOUT_S,
-        blacklist_cooldown_s=options.blacklist_cooldown_range)
+        blacklist_cooldown_s=options.blacklist_cooldown_range,
+        fixed_hosts=() if options.host_discovery_script else tuple(job_hosts(options)))
 
     # Whether a job ended with its work done the driver asks the commit store (whether rank 0's
     # hvd.elastic.run returned), which says more than whether the ranks' processes ended.
@@ -516,7 +537,7 @@ def run_elastically(options, extra_args, timeout_s):
         job_options.num_proc = num_proc
         watch = open_rank_watch(job_options, hosts, timeout_s)
         try:
-            return launch(job_options, hosts, extra_args, watch)
+            return launch(job_options, hosts, extra_args, watch, copy_to)
         finally:
             watch.close()
 

@@ -1,10 +1,11 @@
-"""hvdtrun's elastic mode: `hvdtrun --host-discovery-script S [--min-np N] [--max-np M] ...`.
+"""hvdtrun's elastic mode: `hvdtrun --host-discovery-script S [--min-np N] [--max-np M] ...`, or,
+as horovodrun takes it, `hvdtrun --min-np N [-H HOSTS | --hostfile F] ...` on fixed hosts.
 
 MPI cannot change a running job's members, so hvdtrun keeps a Horovod Elastic script going by
 starting its job again (the script's side: hvdtrain/core/elastic.py):
 - hvdtrun runs the discovery script (a host a line, `HOST` or `HOST:SLOTS` as hvdtrain/run/hosts.py
   reads hosts, `--slots-per-host` where a line gives none) before each start and once a second
-  while the job runs;
+  while the job runs; fixed hosts are found as they were given, less the blacklisted;
 - it starts the job on as many slots as there are, up to --max-np, once there are --min-np
   (waiting up to --elastic-timeout for them);
 - it keeps the commit store the ranks' `state.commit()` sends their state to, and the version of
@@ -45,13 +46,14 @@ LONGEST_COOLDOWN_S = 3600  # Horovod's bound on --blacklist-cooldown-range
 
 @dataclass(frozen=True)
 class ElasticOptions:
-    discovery_script: str
+    discovery_script: Optional[str]  # None: the job's hosts are fixed_hosts
     min_np: int
     max_np: Optional[int]
     slots_per_host: int
     reset_limit: Optional[int]
     elastic_timeout_s: float
     blacklist_cooldown_s: Optional[Tuple[int, int]] = None  # (MIN, MAX); None: blacklisted for good
+    fixed_hosts: Tuple[Host, ...] = ()
 
 
 class Blacklist:
@@ -86,7 +88,9 @@ class DiscoveryError(Exception):
 
 
 def discover(options):
-    """The hosts the discovery script prints now, in its order."""
+    """The hosts the discovery script prints now, in its order; else the fixed hosts."""
+    if options.discovery_script is None:
+        return list(options.fixed_hosts)
     try:
         result = subprocess.run(shlex.split(options.discovery_script), capture_output=True, text=True,
                                 timeout=DISCOVERY_TIMEOUT_S)
@@ -175,7 +179,8 @@ def hosts_for_a_start(options, deadline, blacklist):
         if time.monotonic() >= deadline:
             left_out = [host for host in found if host not in hosts]
             blacklisted = f", and blacklisted {format_hosts(left_out)}" if left_out else ""
-            raise DiscoveryError(f"the discovery script found {sum(h.slots for h in hosts)} slots "
+            found_by = "the discovery script found" if options.discovery_script else "the hosts given offer"
+            raise DiscoveryError(f"{found_by} {sum(h.slots for h in hosts)} slots "
                                  f"({format_hosts(hosts) or 'no hosts'}){blacklisted}, fewer than --min-np "
                                  f"{options.min_np}, for the whole --elastic-timeout")
         time.sleep(DISCOVERY_INTERVAL_S)

@@ -83,19 +83,24 @@ class RankWatch:
         self.listener.close()
 
 
+def listening_address(hosts, network_interfaces):
+    """(the address for a socket of hvdtrun's to listen at, the addresses the ranks may reach it
+    at): this machine's loopback when every rank runs here, else all its interfaces (`hosts`
+    None: not known before the job starts)."""
+    if hosts is not None and all_on_this_machine(hosts):
+        return "127.0.0.1", ["127.0.0.1"]
+    # The interfaces named for MPI's traffic where this machine has them; under other names here
+    # (a bridge to the other hosts' eth0, say), any of its interfaces.
+    addresses = interface_addresses(network_interfaces) or interface_addresses([])
+    if not addresses:
+        raise ValueError("this machine has no IPv4 address but loopback, where ranks on other hosts could reach it")
+    return "", addresses
+
+
 def open_rank_watch(hosts, network_interfaces, world_size, timeout_s, verbose):
-    """A RankWatch listening on this machine's loopback when every rank runs here, else on all
-    its interfaces."""
-    if all_on_this_machine(hosts):
-        listener, addresses = socket.create_server(("127.0.0.1", 0), backlog=min(world_size, 4096)), ["127.0.0.1"]
-    else:
-        # The interfaces named for MPI's traffic where this machine has them; under other names
-        # here (a bridge to the other hosts' eth0, say), any of its interfaces.
-        addresses = interface_addresses(network_interfaces) or interface_addresses([])
-        if not addresses:
-            raise ValueError("this machine has no IPv4 address but loopback, where ranks on other hosts could "
-                             "report that they have started")
-        listener = socket.create_server(("", 0), backlog=min(world_size, 4096))
+    """A RankWatch listening where the ranks on `hosts` can reach it."""
+    host, addresses = listening_address(hosts, network_interfaces)
+    listener = socket.create_server((host, 0), backlog=min(world_size, 4096))
     return RankWatch(listener, addresses, world_size, timeout_s, verbose, held_connections_limit(world_size))
 
 

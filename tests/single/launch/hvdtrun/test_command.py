@@ -15,6 +15,7 @@ import pytest
 
 from hvdtrain.core import horovod_api
 from hvdtrain.launch.hvdtrun import command as hvdtrun
+from hvdtrain.run.hosts import Host
 
 from support.commands import run_command
 
@@ -94,14 +95,33 @@ def test_every_other_horovodrun_flag_is_refused_not_ignored(flag):
 
 
 @pytest.mark.parametrize("flag", ELASTIC, ids=lambda flag: flag[0])
-def test_the_elastic_flags_need_a_discovery_script(flag):
+def test_the_elastic_flags_need_a_discovery_script_or_the_min_np(flag):
     name = {"--min-num-proc": "--min-np", "--max-num-proc": "--max-np"}.get(flag[0], flag[0])
-    with pytest.raises(hvdtrun.UsageError, match=f"^{name} is for elastic jobs: it needs --host-discovery-script$"):
-        hvdtrun.parse_command_line(["-np", "2", *flag, "python", "train.py"])
+    if name != "--min-np":
+        with pytest.raises(hvdtrun.UsageError, match=f"^{name} is for elastic jobs: it needs --host-discovery-script, "
+                                                     f"or --min-np on fixed hosts$"):
+            hvdtrun.parse_command_line(["-np", "2", *flag, "python", "train.py"])
     elastic = hvdtrun.parse_command_line([*flag, "--host-discovery-script", "discover.sh", "python", "train.py"])
     assert elastic.host_discovery_script == "discover.sh" and elastic.num_proc is None
     with pytest.raises(hvdtrun.UsageError, match="name fixed hosts; an elastic job's come from"):
         hvdtrun.parse_command_line([*flag, "--host-discovery-script", "d.sh", "-H", "a:2", "python", "train.py"])
+
+
+def test_the_min_np_on_fixed_hosts_makes_an_elastic_job_on_them_as_with_horovodrun():
+    options = hvdtrun.parse_command_line(["--min-np", "2", "--max-np", "4", "-H", "a:2,b:2", "python", "train.py"])
+    assert hvdtrun.is_elastic(options)
+    assert hvdtrun.job_hosts(options) == [Host("a", 2), Host("b", 2)]
+
+
+def test_the_min_np_beyond_the_fixed_hosts_slots_is_refused():
+    with pytest.raises(hvdtrun.UsageError, match="^--min-np 3 asks for at least 3 ranks but -H a:2 offers only 2 "
+                                                 "slots$"):
+        hvdtrun.job_hosts(hvdtrun.parse_command_line(["--min-np", "3", "-H", "a:2", "python", "train.py"]))
+
+
+def test_the_min_np_without_hosts_makes_an_elastic_job_on_this_machine_of_max_np_slots():
+    options = hvdtrun.parse_command_line(["--min-np", "2", "--max-np", "3", "python", "train.py"])
+    assert hvdtrun.job_hosts(options) == [Host("localhost", 3)]
 
 
 @pytest.fixture(scope="module")

@@ -115,3 +115,18 @@ def test_a_job_ended_with_status_0_before_its_elastic_run_returned_is_started_ag
     assert status == 0 and starts[1] == [Host("a", 1)] and len(asked) == 1
     said = capsys.readouterr().err
     assert "hvdtrun: mpirun ended with status 0, but hvd.elastic.run had not returned on rank 0" in said
+
+
+def test_fixed_hosts_are_found_as_given_and_the_blacklisted_left_out(capsys):
+    options = elastic.ElasticOptions(None, min_np=1, max_np=None, slots_per_host=1, reset_limit=None,
+                                     elastic_timeout_s=5, fixed_hosts=(Host("a", 2), Host("b", 2)))
+    starts = []
+
+    def start_job(num_proc, hosts):
+        starts.append((num_proc, hosts))
+        return 137 if len(starts) == 1 else 0
+
+    status = elastic.run_elastic(options, start_job, [], lambda hosts: [host for host in hosts if host.host == "a"])
+    assert status == 0
+    assert starts == [(4, [Host("a", 2), Host("b", 2)]), (2, [Host("a", 2)])]
+    assert "hvdtrun: host b does not answer; it is blacklisted for good" in capsys.readouterr().err
