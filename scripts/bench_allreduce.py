@@ -9,7 +9,9 @@ as hvdtrain.torch's DistributedOptimizer lays them out (views of one flat bucket
       pieces of 16, 4 or 1 MiB; measured while no engine runs;
   (a) the engine reducing the list of named tensors (default settings);
   (c) the engine with fusion off (HOROVOD_FUSION_THRESHOLD=0), on separately allocated tensors.
-Beside them the engine's Average and Adasum of the bucket (on a power of two of ranks).
+Beside them the engine's Average and Adasum of the bucket (on a power of two of ranks), and
+  (d) raw MPI doing an average's work: the Allreduce in 1 MiB pieces, each scaled by 1/size
+      right after, the engine's Average's own reference.
 Beside them: the same bucket submitted as one tensor, which leaves the engine's fixed cost per
 step (waking, negotiating, finishing) and takes away its cost per tensor.
 The machine's speed drifts by tens of percent within minutes, so the run is made of --rounds
@@ -180,6 +182,24 @@ def raw_mpi_best(flat, flat_pattern, warmup, repeats):
     return results
 
 
+def raw_mpi_average(flat, flat_pattern, warmup, repeats):
+    """Raw MPI doing what an average must: the Allreduce in 1 MiB pieces, each piece scaled by
+    1/size right after (NumPy, in place), the reference for the engine's Average."""
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    step, scale = MIB // 4, 1.0 / comm.Get_size()
+
+    def run():
+        for start in range(0, flat.size, step):
+            piece = flat[start:start + step]
+            comm.Allreduce(MPI.IN_PLACE, piece, MPI.SUM)
+            np.multiply(piece, scale, out=piece)
+
+    return median_time(run, workload([("bucket", flat)], flat_pattern), True, "raw MPI Allreduce, 1MiB, scaled",
+                       warmup, repeats, comm.Barrier)
+
+
 def engine_time(what, tensors, flat_pattern, op, warmup, repeats, bucket=None):
     """`bucket`: the flat array the tensors are views of, as the DistributedOptimizers lay out
     gradients; None for separately allocated tensors."""
@@ -203,7 +223,8 @@ def engine_time(what, tensors, flat_pattern, op, warmup, repeats, bucket=None):
 
 
 def one_round(index, tensors, in_bucket, bucket, small_pages, flat_pattern, warmup, repeats):
-    """Raw MPI, then every engine variant once: {"raw": {...}, "engine": {...}, "negotiation": {...}}.
+    """Raw MPI, then every engine variant once: {"raw": {...}, "raw_average": seconds, "engine": {...},
+    "negotiation": {...}}.
     The machine can slow down within a round, so round `index` starts the engine variants at
     the index-th, and none of them is always last."""
     from mpi4py import MPI
@@ -213,6 +234,7 @@ def one_round(index, tensors, in_bucket, bucket, small_pages, flat_pattern, warm
 
     SUM, AVERAGE, ADASUM = core.ReduceOp.SUM, core.ReduceOp.AVERAGE, core.ReduceOp.ADASUM
     raw = raw_mpi_best(bucket, flat_pattern, warmup, repeats)
+    raw_average = raw_mpi_average(bucket, flat_pattern, warmup, repeats)
     small_pages_views, small_pages_bucket = small_pages
 
     def measure(name, tensors, op, bucket=None, variables=None):
@@ -239,7 +261,7 @@ def one_round(index, tensors, in_bucket, bucket, small_pages, flat_pattern, warm
     tiny = [(name, np.empty(1, np.float32)) for name, _ in tensors]
     negotiation = {"cached": measure("negotiation_cached", tiny, SUM),
                    "uncached": measure("negotiation_uncached", tiny, SUM, None, {"HOROVOD_CACHE_CAPACITY": "0"})}
-    return {"raw": raw, "engine": engine, "negotiation": negotiation}
+    return {"raw": raw, "raw_average": raw_average, "engine": engine, "negotiation": negotiation}
 
 
 def main():
@@ -290,6 +312,9 @@ def main():
                                        for k in engine_labels},
         "ratio_by_round": {k: [round(r["ratio"][k], 3) for r in rounds] for k in engine_labels},
         "negotiation_ms": {k: round(median_ms("negotiation", k), 3) for k in ("cached", "uncached")},
+        "raw_mpi_average_ms": round(statistics.median(r["raw_average"] for r in rounds) * 1e3, 2),
+        "ratio_raw_average_over_engine_average": round(statistics.median(
+            r["raw_average"] / r["engine"]["bucket_average"] for r in rounds), 3),
     }
     print(f"{args.model}: {len(in_bucket)} tensors, {report['megabytes']} MB, {report['ranks']} ranks; "
           f"{args.rounds} rounds of raw MPI then the engine, each a median of {args.repeats} after "
@@ -297,6 +322,7 @@ def main():
     for label, ms in report["raw_mpi_ms"].items():
         print(f"  raw MPI Allreduce, {label:>5}:              {ms:8.2f} ms")
     print(f"  (b) best raw MPI in each round:             {report['raw_mpi_best_ms']:8.2f} ms")
+    print(f"  (d) raw MPI, 1MiB, each piece then scaled:  {report['raw_mpi_average_ms']:8.2f} ms   (Average's work)")
     labels = {
         "bucket_sum": "(a) engine, Sum, gradients in a bucket",
         "bucket_sum_small_pages": "    engine, Sum, bucket on 4 KiB pages",
@@ -312,6 +338,7 @@ def main():
         rounds_text = " ".join(f"{x:.2f}" for x in report["ratio_by_round"][key])
         print(f"  {label:<42} {report['engine_ms'][key]:8.2f} ms   (b)/this = "
               f"{report['ratio_best_raw_over_engine'][key]:.3f}  (rounds: {rounds_text})")
+    print(f"  engine Average against (d): (d)/this = {report['ratio_raw_average_over_engine_average']:.3f}")
     print(f"  negotiation of {len(in_bucket)} one-element tensors: {report['negotiation_ms']['cached']:.2f} ms with "
           f"the response cache, {report['negotiation_ms']['uncached']:.2f} ms through the coordinator "
           f"(HOROVOD_CACHE_CAPACITY=0)")
