@@ -73,22 +73,18 @@ TIMESTAMP = "give Open MPI's --timestamp-output with --mpi-args"
 # for misleads more than one that does not start. (Their list is checked against Horovod's
 # launch.py by the tests.)
 REFUSED = {
-    None: {("--disable-cache",): "hvdtrun makes no start-up checks to cache",
-           ("--output-filename",): "the ranks' output comes on hvdtrun's stdout and stderr; redirect those",
+    None: {("--output-filename",): "the ranks' output comes on hvdtrun's stdout and stderr; redirect those",
            ("--config-file",): "hvdtrun reads no config file; give the flags on the command line"},
     "SSH arguments": {("-p", "--ssh-port"): SSH, ("-i", "--ssh-identity-file"): SSH},
     "tuneable parameter arguments": {
         ("--hierarchical-allreduce",): HIERARCHICAL.format("allreduce"),
-        ("--no-hierarchical-allreduce",): HIERARCHICAL.format("allreduce"),
         ("--hierarchical-allgather",): HIERARCHICAL.format("allgather"),
-        ("--no-hierarchical-allgather",): HIERARCHICAL.format("allgather"),
-        ("--torus-allreduce",): "hvdtrain's engine has no torus allreduce",
-        ("--no-torus-allreduce",): "hvdtrain's engine has no torus allreduce"},
+        ("--torus-allreduce",): "hvdtrain's engine has no torus allreduce"},
     "autotune arguments": {(flag,): AUTOTUNE for flag in (
-        "--autotune", "--no-autotune", "--autotune-log-file", "--autotune-warmup-samples",
+        "--autotune", "--autotune-log-file", "--autotune-warmup-samples",
         "--autotune-steps-per-sample", "--autotune-bayes-opt-max-samples", "--autotune-gaussian-process-noise")},
     "library arguments": {
-        ("--mpi-threads-disable",): MPI_THREADS, ("--no-mpi-threads-disable",): MPI_THREADS,
+        ("--mpi-threads-disable",): MPI_THREADS,
         ("--tcp",): "choose Open MPI's transports with --mpi-args (e.g. --mca btl self,tcp)",
         ("--binding-args",): "hvdtrun starts the ranks unbound (--bind-to none), as horovodrun does with Open MPI",
         ("--num-nccl-streams",): "HOROVOD_NUM_NCCL_STREAMS is not implemented by hvdtrain",
@@ -98,8 +94,18 @@ REFUSED = {
         **{(flag,): LOG_TIME for flag in ("--log-with-timestamp", "--log-without-timestamp", "--log-hide-timestamp",
                                           "--no-log-hide-timestamp")},
         ("-prefix-timestamp", "--prefix-output-with-timestamp"): TIMESTAMP},
-    "controller arguments": {("--gloo",): GLOO, ("--mpi",): "hvdtrun always runs on MPI; drop the flag",
-                             ("--jsrun",): "hvdtrun launches with mpirun only"},
+    "controller arguments": {("--gloo",): GLOO, ("--jsrun",): "hvdtrun launches with mpirun only"},
+}
+# horovodrun 0.28's flags that ask for what hvdtrun does anyway: taken, so that a job script
+# written for horovodrun runs unchanged. By argument group, each with what hvdtrun does.
+ALREADY_SO = {
+    None: {"--disable-cache": "hvdtrun caches no start-up checks"},
+    "tuneable parameter arguments": {"--no-hierarchical-allreduce": "hvdtrain's allreduce is not hierarchical",
+                                     "--no-hierarchical-allgather": "hvdtrain's allgather is not hierarchical",
+                                     "--no-torus-allreduce": "hvdtrain's allreduce is not a torus"},
+    "autotune arguments": {"--no-autotune": "hvdtrain does not autotune"},
+    "library arguments": {"--no-mpi-threads-disable": "hvdtrain's engine runs MPI with thread support"},
+    "controller arguments": {"--mpi": "hvdtrun runs on MPI"},
 }
 # The elastic flags' destinations, by the name a refusal gives them.
 ELASTIC_FLAGS = {"min_np": "--min-np", "max_np": "--max-np", "slots_per_host": "--slots-per-host",
@@ -224,6 +230,9 @@ def build_parser():
                        help="a file of hosts, a line NAME slots=SLOTS, NAME:SLOTS or NAME")
     hosts.add_argument("--host-discovery-script", metavar="SCRIPT",
                        help="an elastic job's hosts: a program printing HOST or HOST:SLOTS a line")
+    for title, flags in ALREADY_SO.items():
+        for flag, what in flags.items():
+            group(title).add_argument(flag, action="store_true", help=f"taken as it is: {what}")
     for title, flags in REFUSED.items():
         for option_strings, reason in flags.items():
             group(title).add_argument(*option_strings, action=_Refused, reason=reason,

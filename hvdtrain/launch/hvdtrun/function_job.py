@@ -13,8 +13,8 @@ rank of a job that hvdtrun starts, and returns what each rank's call returned, i
 
 It takes horovod.run's arguments, and they mean what hvdtrun's flags of the same names mean:
 each becomes its flag, so hvdtrun refuses with the same reasons what it refuses (use_gloo,
-ssh_port, ...), raised here as ValueError; use_mpi is what it does anyway. `executable` is the
-Python the ranks run the function with (default this one's). With `host_discovery_script` the
+ssh_port, ...), raised here as ValueError. `executable` is the Python the ranks run the function
+with (default this one's). With `host_discovery_script` the
 job is elastic: the results are those of its last start, the one that finished.
 
 The function and its arguments travel pickled by cloudpickle (so a function of a notebook or a
@@ -76,8 +76,8 @@ def run(func: Callable[..., Any], args: Sequence = (), kwargs: Optional[Dict] = 
                    reset_limit=reset_limit, cooldown_range=cooldown_range, hosts=hosts, hostfile=hostfile,
                    host_discovery_script=host_discovery_script, start_timeout=start_timeout, ssh_port=ssh_port,
                    ssh_identity_file=ssh_identity_file, disable_cache=disable_cache,
-                   output_filename=output_filename, verbose=verbose, use_gloo=use_gloo, mpi_args=mpi_args,
-                   network_interfaces=network_interfaces)
+                   output_filename=output_filename, verbose=verbose, use_gloo=use_gloo, use_mpi=use_mpi,
+                   mpi_args=mpi_args, network_interfaces=network_interfaces)
     key = secrets.token_bytes(32)
     try:
         # the ranks' command is set once the call server listens
@@ -119,7 +119,7 @@ def _flags(**given):
              "host_discovery_script": "--host-discovery-script", "start_timeout": "--start-timeout",
              "ssh_port": "--ssh-port", "ssh_identity_file": "--ssh-identity-file", "output_filename":
              "--output-filename", "mpi_args": "--mpi-args"}
-    switches = {"disable_cache": "--disable-cache", "verbose": "--verbose", "use_gloo": "--gloo"}
+    switches = {"disable_cache": "--disable-cache", "verbose": "--verbose", "use_gloo": "--gloo", "use_mpi": "--mpi"}
     flags = []
     for name, value in given.items():
         if value is None or value is False:

@@ -22,18 +22,20 @@ from support.commands import run_command
 # horovodrun 0.28's flags (horovod/runner/launch.py) that hvdtrun does not take, with a value
 # where they take one.
 UNSUPPORTED = [
-    ["--disable-cache"], ["--output-filename", "out"], ["--config-file", "c.yaml"], ["-p", "22"],
+    ["--output-filename", "out"], ["--config-file", "c.yaml"], ["-p", "22"],
     ["--ssh-port", "22"], ["-i", "key"], ["--ssh-identity-file", "key"], ["--hierarchical-allreduce"],
-    ["--no-hierarchical-allreduce"], ["--hierarchical-allgather"], ["--no-hierarchical-allgather"],
-    ["--torus-allreduce"], ["--no-torus-allreduce"], ["--autotune"], ["--no-autotune"],
+    ["--hierarchical-allgather"], ["--torus-allreduce"], ["--autotune"],
     ["--autotune-log-file", "log"], ["--autotune-warmup-samples", "3"], ["--autotune-steps-per-sample", "10"],
     ["--autotune-bayes-opt-max-samples", "20"], ["--autotune-gaussian-process-noise", "0.8"],
-    ["--mpi-threads-disable"], ["--no-mpi-threads-disable"], ["--tcp"], ["--binding-args", "x"],
+    ["--mpi-threads-disable"], ["--tcp"], ["--binding-args", "x"],
     ["--num-nccl-streams", "2"], ["--thread-affinity", "1"], ["--gloo-timeout-seconds", "30"],
     ["--log-with-timestamp"], ["--log-without-timestamp"], ["-prefix-timestamp"],
     ["--prefix-output-with-timestamp"], ["--log-hide-timestamp"], ["--no-log-hide-timestamp"], ["--gloo"],
-    ["--mpi"], ["--jsrun"],
+    ["--jsrun"],
 ]
+# ... and those that ask for what hvdtrun does anyway, taken as they are.
+ALREADY_SO = ["--disable-cache", "--no-hierarchical-allreduce", "--no-hierarchical-allgather",
+              "--no-torus-allreduce", "--no-autotune", "--no-mpi-threads-disable", "--mpi"]
 ELASTIC = [  # taken with --host-discovery-script (tests/integration/launch/hvdtrun/test_elastic.py runs them)
     ["--min-np", "2"], ["--min-num-proc", "2"], ["--max-np", "4"], ["--max-num-proc", "4"],
     ["--slots-per-host", "2"], ["--elastic-timeout", "600"], ["--reset-limit", "3"],
@@ -92,6 +94,11 @@ def test_an_unknown_flag_is_refused_with_the_nearest_known_one(monkeypatch):
 def test_every_other_horovodrun_flag_is_refused_not_ignored(flag):
     with pytest.raises(hvdtrun.UsageError, match=f"^{flag[0]} is not supported by hvdtrun \\("):
         hvdtrun.parse_command_line(["-np", "2", *flag, "python", "train.py"])
+
+
+def test_the_flags_that_ask_for_what_hvdtrun_does_anyway_are_taken_and_the_command_stays_the_commands():
+    options = hvdtrun.parse_command_line(["-np", "2", *ALREADY_SO, "python", "train.py", "--mpi"])
+    assert options.command == ["python", "train.py", "--mpi"]
 
 
 @pytest.mark.parametrize("flag", ELASTIC, ids=lambda flag: flag[0])

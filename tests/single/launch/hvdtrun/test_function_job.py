@@ -51,10 +51,11 @@ def test_horovods_arguments_become_hvdtruns_flags():
                                cooldown_range=(10, 60), hosts=None, hostfile=None,
                                host_discovery_script="./discover.sh", start_timeout=90, ssh_port=None,
                                ssh_identity_file=None, disable_cache=None, output_filename=None, verbose=True,
-                               use_gloo=False, mpi_args="--mca btl self,tcp", network_interfaces=["eth0", "ib0"]) == [
+                               use_gloo=False, use_mpi=True, mpi_args="--mca btl self,tcp",
+                               network_interfaces=["eth0", "ib0"]) == [
         "-np", "4", "--min-np", "2", "--max-np", "8", "--slots-per-host", "2", "--reset-limit", "3",
         "--blacklist-cooldown-range", "10", "60", "--host-discovery-script", "./discover.sh", "--start-timeout", "90",
-        "--verbose", "--mpi-args", "--mca btl self,tcp", "--network-interfaces", "eth0,ib0"]
+        "--verbose", "--mpi", "--mpi-args", "--mca btl self,tcp", "--network-interfaces", "eth0,ib0"]
 
 
 def test_horovods_deprecated_names_are_taken_with_its_warnings():
