@@ -73,7 +73,7 @@ def init(comm=None, process_sets=None):
             _release(_engine)
             _engine = None
         settings = from_environment()
-        _configure_logging(settings.log_level)
+        _configure_logging(settings.log_level, settings.log_hide_time)
         _cuda.check_libraries()
         MPI = _start_mpi()
         from .engine import Engine
@@ -127,13 +127,13 @@ def _warn_about_ignored_variables():
             logging.getLogger("hvdtrain.core").warning(line)
 
 
-def _configure_logging(level):
+def _configure_logging(level, hide_time):
     logger = logging.getLogger("hvdtrain.core")
     logger.setLevel(level)
     if not logger.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("[hvdtrain %(levelname)s] %(message)s"))
-        logger.addHandler(handler)
+        logger.addHandler(logging.StreamHandler())
+    logger.handlers[0].setFormatter(logging.Formatter(
+        "[hvdtrain %(levelname)s] %(message)s" if hide_time else "[%(asctime)s hvdtrain %(levelname)s] %(message)s"))
 
 
 def shutdown():

@@ -29,6 +29,7 @@ class Settings:
     stall_check_time_s: float = 60.0
     stall_shutdown_time_s: float = 0.0
     log_level: int = logging.WARNING
+    log_hide_time: bool = False  # as Horovod's, the engine's log lines begin with the time unless hidden
     # Large buffers are pipelined in pieces of this size: MPI reduces a large buffer 2-3x faster
     # in pieces of about 1 MiB than in one call, and 1 MiB beat 4 MiB and 512 KiB
     # (docs/benchmarks.md).
@@ -54,7 +55,7 @@ GPU_TRANSPORTS = ("NCCL", "MPI")
 IMPLEMENTED_VARIABLES = frozenset((
     "HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME", "HOROVOD_CACHE_CAPACITY", "HOROVOD_TIMELINE",
     "HOROVOD_TIMELINE_MARK_CYCLES", "HOROVOD_STALL_CHECK_DISABLE", "HOROVOD_STALL_CHECK_TIME_SECONDS",
-    "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "HOROVOD_LOG_LEVEL", "HOROVOD_DYNAMIC_PROCESS_SETS",
+    "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "HOROVOD_LOG_LEVEL", "HOROVOD_LOG_HIDE_TIME", "HOROVOD_DYNAMIC_PROCESS_SETS",
     "HOROVOD_GPU_OPERATIONS", "HOROVOD_GPU_ALLREDUCE", "HOROVOD_GPU_ALLGATHER", "HOROVOD_GPU_BROADCAST",
     "HOROVOD_GPU_ALLTOALL", "HOROVOD_GPU_REDUCESCATTER",
     # =1: an elastic job, whose world may grow: hvdtrain.torch's DistributedOptimizer reduces
@@ -72,7 +73,7 @@ UNIMPLEMENTED_VARIABLES = frozenset((
     "HOROVOD_CCL_CACHE", "HOROVOD_CCL_BGT_AFFINITY", "HOROVOD_ADASUM_MPI_CHUNK_SIZE", "HOROVOD_ADASUM_GPU",
     "HOROVOD_MPI_THREADS_DISABLE", "HOROVOD_THREAD_AFFINITY", "HOROVOD_DISABLE_GROUP_FUSION",
     "HOROVOD_DISABLE_NVTX_RANGES", "HOROVOD_ENABLE_ASYNC_COMPLETION", "HOROVOD_ENABLE_XLA_OPS",
-    "HOROVOD_LOG_HIDE_TIME", "HOROVOD_MPI_CXX", "HOROVOD_GLOO_IFACE", "HOROVOD_GLOO_TIMEOUT_SECONDS",
+    "HOROVOD_MPI_CXX", "HOROVOD_GLOO_IFACE", "HOROVOD_GLOO_TIMEOUT_SECONDS",
     "HOROVOD_GLOO_RENDEZVOUS_ADDR", "HOROVOD_GLOO_RENDEZVOUS_PORT", "HOROVOD_GLOO_GLOBAL_PREFIX",
     "HOROVOD_GLOO_LOCAL_PREFIX", "HOROVOD_GLOO_CROSS_PREFIX", "HOROVOD_RANK", "HOROVOD_SIZE",
     "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE", "HOROVOD_HOSTNAME",
@@ -163,6 +164,7 @@ def from_environment(env=None) -> Settings:
             env, "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", Settings.stall_shutdown_time_s, float
         ),
         log_level=_LOG_LEVELS[level_name],
+        log_hide_time=_flag(env, "HOROVOD_LOG_HIDE_TIME"),
         chunk_bytes=chunk_bytes,
         pack_below_bytes=_number(env, "HVDTRAIN_PACK_BELOW_BYTES", Settings.pack_below_bytes, int),
         segment_bytes=_number(env, "HVDTRAIN_SEGMENT_BYTES", Settings.segment_bytes, int),

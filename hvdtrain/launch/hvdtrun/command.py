@@ -63,11 +63,9 @@ LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")  # horovodr
 
 AUTOTUNE = "hvdtrain does not autotune; set --fusion-threshold-mb and --cycle-time-ms yourself"
 GLOO = "hvdtrain has no Gloo controller; it runs on MPI"
-LOG_TIME = "HOROVOD_LOG_HIDE_TIME is not implemented by hvdtrain"
 SSH = "give mpirun's ssh options with --mpi-args (--mca plm_ssh_args '...')"
 HIERARCHICAL = "hvdtrain's engine has no hierarchical {}"
 MPI_THREADS = "hvdtrain's engine always runs MPI with thread support"
-TIMESTAMP = "give Open MPI's --timestamp-output with --mpi-args"
 # horovodrun 0.28's flags that hvdtrun does not take, by horovodrun's argument group, each with
 # why: refused by name rather than ignored, since a job that silently runs without what it asked
 # for misleads more than one that does not start. (Their list is checked against Horovod's
@@ -90,10 +88,6 @@ REFUSED = {
         ("--num-nccl-streams",): "HOROVOD_NUM_NCCL_STREAMS is not implemented by hvdtrain",
         ("--thread-affinity",): "HOROVOD_THREAD_AFFINITY is not implemented by hvdtrain",
         ("--gloo-timeout-seconds",): GLOO},
-    "logging arguments": {
-        **{(flag,): LOG_TIME for flag in ("--log-with-timestamp", "--log-without-timestamp", "--log-hide-timestamp",
-                                          "--no-log-hide-timestamp")},
-        ("-prefix-timestamp", "--prefix-output-with-timestamp"): TIMESTAMP},
     "controller arguments": {("--gloo",): GLOO, ("--jsrun",): "hvdtrun launches with mpirun only"},
 }
 # horovodrun 0.28's flags that ask for what hvdtrun does anyway: taken, so that a job script
@@ -221,8 +215,16 @@ def build_parser():
                        help="HOROVOD_STALL_SHUTDOWN_TIME_SECONDS")
     group("library arguments").add_argument("--mpi-args", metavar="ARGS",
                                             help="more mpirun arguments, split as a shell would")
-    group("logging arguments").add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, metavar="LEVEL",
-                                            help=f"HOROVOD_LOG_LEVEL: {', '.join(LOG_LEVELS)}")
+    logs = group("logging arguments")
+    logs.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, metavar="LEVEL",
+                      help=f"HOROVOD_LOG_LEVEL: {', '.join(LOG_LEVELS)}")
+    # horovodrun's older names too: --no-log-hide-timestamp, --log-hide-timestamp
+    logs.add_argument("--log-with-timestamp", "--no-log-hide-timestamp", dest="log_with_timestamp",
+                      action="store_const", const=True, help="HOROVOD_LOG_HIDE_TIME=0 (the default)")
+    logs.add_argument("--log-without-timestamp", "--log-hide-timestamp", dest="log_with_timestamp",
+                      action="store_const", const=False, help="HOROVOD_LOG_HIDE_TIME=1")
+    logs.add_argument("-prefix-timestamp", "--prefix-output-with-timestamp", action="store_true",
+                      help="mpirun stamps each line of the ranks' output with the time")
     hosts = group("host arguments")
     hosts.add_argument("-H", "--hosts", metavar="NAME:SLOTS,...",
                        help="hosts and their slots (a name alone: one slot; default: localhost:N)")
@@ -378,6 +380,7 @@ def engine_variables(options):
         "HOROVOD_STALL_CHECK_TIME_SECONDS": options.stall_check_warning_time_seconds,
         "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": options.stall_check_shutdown_time_seconds,
         "HOROVOD_LOG_LEVEL": options.log_level,
+        "HOROVOD_LOG_HIDE_TIME": None if options.log_with_timestamp is None else not options.log_with_timestamp,
     }
     return {name: str(int(value)) if isinstance(value, bool) else str(value)
             for name, value in given.items() if value is not None}
@@ -395,7 +398,7 @@ def rank_environment(options, hosts):
 
 
 def mpirun_extra_args(options):
-    args = []
+    args = ["--output", "timestamp"] if options.prefix_output_with_timestamp else []
     if options.network_interfaces:
         interfaces = ",".join(options.network_interfaces)
         args += ["--mca", "btl_tcp_if_include", interfaces, "--mca", "oob_tcp_if_include", interfaces]

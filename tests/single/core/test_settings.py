@@ -1,9 +1,11 @@
 """The engine's settings (hvdtrain/core/settings.py): Horovod's defaults, every HOROVOD_* variable
-read as Horovod reads it, the GPU transports of HOROVOD_GPU_OPERATIONS and HOROVOD_GPU_<OP>, bad
+read as Horovod reads it (and the engine's log lines with the time unless HOROVOD_LOG_HIDE_TIME),
+the GPU transports of HOROVOD_GPU_OPERATIONS and HOROVOD_GPU_<OP>, bad
 values refused naming the variable (by init() too, before MPI is touched), and the Horovod
 variables hvdtrain does not implement named with the nearest known one."""
 
 import logging
+import re
 
 import pytest
 
@@ -23,12 +25,23 @@ def test_settings_read_the_environment():
         "HOROVOD_FUSION_THRESHOLD": "65536", "HOROVOD_CYCLE_TIME": "3.5", "HOROVOD_CACHE_CAPACITY": "0",
         "HOROVOD_TIMELINE": "/tmp/t.json", "HOROVOD_TIMELINE_MARK_CYCLES": "1", "HOROVOD_STALL_CHECK_DISABLE": "1",
         "HOROVOD_STALL_CHECK_TIME_SECONDS": "5", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "7",
-        "HOROVOD_LOG_LEVEL": "DEBUG", "HVDTRAIN_CHUNK_BYTES": "1024",
+        "HOROVOD_LOG_LEVEL": "DEBUG", "HOROVOD_LOG_HIDE_TIME": "1", "HVDTRAIN_CHUNK_BYTES": "1024",
     })
     assert settings == Settings(fusion_threshold_bytes=65536, cycle_time_s=0.0035, cache_capacity=0,
                                 timeline_path="/tmp/t.json", timeline_mark_cycles=True, stall_check_enabled=False,
                                 stall_check_time_s=5.0, stall_shutdown_time_s=7.0, log_level=logging.DEBUG,
-                                chunk_bytes=1024)
+                                log_hide_time=True, chunk_bytes=1024)
+
+
+@pytest.mark.parametrize("hidden", [False, True])
+def test_the_engines_log_lines_begin_with_the_time_unless_horovod_log_hide_time(hidden):
+    core._configure_logging(logging.WARNING, hide_time=hidden)
+    [handler] = logging.getLogger("hvdtrain.core").handlers
+    line = handler.format(logging.LogRecord("hvdtrain.core", logging.WARNING, __file__, 1, "a warning", (), None))
+    if hidden:
+        assert line == "[hvdtrain WARNING] a warning"
+    else:
+        assert re.fullmatch(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} hvdtrain WARNING\] a warning", line), line
 
 
 BAD_VALUES = [

@@ -28,9 +28,7 @@ UNSUPPORTED = [
     ["--autotune-log-file", "log"], ["--autotune-warmup-samples", "3"], ["--autotune-steps-per-sample", "10"],
     ["--autotune-bayes-opt-max-samples", "20"], ["--autotune-gaussian-process-noise", "0.8"],
     ["--mpi-threads-disable"], ["--tcp"], ["--binding-args", "x"],
-    ["--num-nccl-streams", "2"], ["--thread-affinity", "1"], ["--gloo-timeout-seconds", "30"],
-    ["--log-with-timestamp"], ["--log-without-timestamp"], ["-prefix-timestamp"],
-    ["--prefix-output-with-timestamp"], ["--log-hide-timestamp"], ["--no-log-hide-timestamp"], ["--gloo"],
+    ["--num-nccl-streams", "2"], ["--thread-affinity", "1"], ["--gloo-timeout-seconds", "30"], ["--gloo"],
     ["--jsrun"],
 ]
 # ... and those that ask for what hvdtrun does anyway, taken as they are.
@@ -158,6 +156,19 @@ def test_the_network_interfaces_and_mpi_args_go_to_mpirun(horovodrun_command_lin
 def test_the_tuning_flags_become_the_engines_horovod_variables(horovodrun_command_line):
     assert hvdtrun.engine_variables(horovodrun_command_line) == {
         "HOROVOD_CACHE_CAPACITY": "0", "HOROVOD_STALL_CHECK_DISABLE": "0", "HOROVOD_TIMELINE_MARK_CYCLES": "0"}
+
+
+@pytest.mark.parametrize("flag, hidden", [("--log-hide-timestamp", "1"), ("--log-without-timestamp", "1"),
+                                          ("--log-with-timestamp", "0"), ("--no-log-hide-timestamp", "0")])
+def test_the_log_timestamp_flags_become_horovods_log_hide_time(flag, hidden):
+    options = hvdtrun.parse_command_line(["-np", "2", flag, "python", "train.py"])
+    assert hvdtrun.engine_variables(options) == {"HOROVOD_LOG_HIDE_TIME": hidden}
+
+
+@pytest.mark.parametrize("flag", ["-prefix-timestamp", "--prefix-output-with-timestamp"])
+def test_prefixing_the_output_with_timestamps_has_mpirun_stamp_each_line(flag):
+    options = hvdtrun.parse_command_line(["-np", "2", flag, "python", "train.py"])
+    assert hvdtrun.mpirun_extra_args(options) == ["--output", "timestamp"]
 
 
 def test_the_commands_flags_stay_the_commands(horovodrun_command_line):
