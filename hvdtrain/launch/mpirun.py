@@ -62,16 +62,26 @@ def worker_environment(ranks_on_host, base=None):
 
 
 def remote_agent(mpirun_args, env):
-    """The command mpirun reaches other hosts with: Open MPI's plm_ssh_agent (or its older name
-    plm_rsh_agent) from the arguments given to mpirun or the environment, else ssh."""
+    """The command mpirun reaches other hosts with: Open MPI's plm_ssh_agent (else ssh) and
+    plm_ssh_args after it (or their older names plm_rsh_*), each from the arguments given to
+    mpirun, else the environment."""
+    agent = _mca_parameter("agent", mpirun_args, env)
+    arguments = _mca_parameter("args", mpirun_args, env)
+    return ([*shlex.split(agent)] if agent else ["ssh", "-o", "BatchMode=yes"]) + shlex.split(arguments or "")
+
+
+def _mca_parameter(suffix, mpirun_args, env):
+    """plm_ssh_SUFFIX (or plm_rsh_SUFFIX) as mpirun takes it: from its arguments, else its
+    environment; None where neither sets it."""
+    names = (f"plm_ssh_{suffix}", f"plm_rsh_{suffix}")
     args = list(mpirun_args)
     for option, name, value in zip(args, args[1:], args[2:]):
-        if option in ("--mca", "-mca") and name in ("plm_ssh_agent", "plm_rsh_agent"):
-            return shlex.split(value)
-    for name in ("OMPI_MCA_plm_ssh_agent", "OMPI_MCA_plm_rsh_agent"):
-        if env.get(name):
-            return shlex.split(env[name])
-    return ["ssh", "-o", "BatchMode=yes"]
+        if option in ("--mca", "-mca") and name in names:
+            return value
+    for name in names:
+        if env.get(f"OMPI_MCA_{name}"):
+            return env[f"OMPI_MCA_{name}"]
+    return None
 
 
 def reachable_hosts(hosts, mpirun_args, env):

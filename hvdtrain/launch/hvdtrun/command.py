@@ -63,7 +63,6 @@ LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")  # horovodr
 
 AUTOTUNE = "hvdtrain does not autotune; set --fusion-threshold-mb and --cycle-time-ms yourself"
 GLOO = "hvdtrain has no Gloo controller; it runs on MPI"
-SSH = "give mpirun's ssh options with --mpi-args (--mca plm_ssh_args '...')"
 HIERARCHICAL = "hvdtrain's engine has no hierarchical {}"
 MPI_THREADS = "hvdtrain's engine always runs MPI with thread support"
 # horovodrun 0.28's flags that hvdtrun does not take, by horovodrun's argument group, each with
@@ -73,7 +72,6 @@ MPI_THREADS = "hvdtrain's engine always runs MPI with thread support"
 REFUSED = {
     None: {("--output-filename",): "the ranks' output comes on hvdtrun's stdout and stderr; redirect those",
            ("--config-file",): "hvdtrun reads no config file; give the flags on the command line"},
-    "SSH arguments": {("-p", "--ssh-port"): SSH, ("-i", "--ssh-identity-file"): SSH},
     "tuneable parameter arguments": {
         ("--hierarchical-allreduce",): HIERARCHICAL.format("allreduce"),
         ("--hierarchical-allgather",): HIERARCHICAL.format("allgather"),
@@ -83,7 +81,6 @@ REFUSED = {
         "--autotune-steps-per-sample", "--autotune-bayes-opt-max-samples", "--autotune-gaussian-process-noise")},
     "library arguments": {
         ("--mpi-threads-disable",): MPI_THREADS,
-        ("--tcp",): "choose Open MPI's transports with --mpi-args (e.g. --mca btl self,tcp)",
         ("--binding-args",): "hvdtrun starts the ranks unbound (--bind-to none), as horovodrun does with Open MPI",
         ("--num-nccl-streams",): "HOROVOD_NUM_NCCL_STREAMS is not implemented by hvdtrain",
         ("--thread-affinity",): "HOROVOD_THREAD_AFFINITY is not implemented by hvdtrain",
@@ -213,8 +210,13 @@ def build_parser():
                        help="HOROVOD_STALL_CHECK_TIME_SECONDS")
     stall.add_argument("--stall-check-shutdown-time-seconds", type=non_negative_int, metavar="S",
                        help="HOROVOD_STALL_SHUTDOWN_TIME_SECONDS")
-    group("library arguments").add_argument("--mpi-args", metavar="ARGS",
-                                            help="more mpirun arguments, split as a shell would")
+    library = group("library arguments")
+    library.add_argument("--mpi-args", metavar="ARGS", help="more mpirun arguments, split as a shell would")
+    library.add_argument("--tcp", action="store_true",
+                         help="MPI's traffic over TCP between hosts (Open MPI's ob1 with self, sm and tcp)")
+    ssh = group("SSH arguments")
+    ssh.add_argument("-p", "--ssh-port", type=positive_int, metavar="PORT", help="ssh's port on every host")
+    ssh.add_argument("-i", "--ssh-identity-file", metavar="FILE", help="ssh's private key")
     logs = group("logging arguments")
     logs.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, metavar="LEVEL",
                       help=f"HOROVOD_LOG_LEVEL: {', '.join(LOG_LEVELS)}")
@@ -398,14 +400,26 @@ def rank_environment(options, hosts):
 
 
 def mpirun_extra_args(options):
+    """mpirun's arguments for hvdtrun's flags, as horovodrun gives them to Open MPI, then
+    --mpi-args."""
+    try:
+        given = shlex.split(options.mpi_args or "")
+    except ValueError as error:
+        raise UsageError(f"--mpi-args {options.mpi_args!r}: {error}") from None
     args = ["--output", "timestamp"] if options.prefix_output_with_timestamp else []
     if options.network_interfaces:
         interfaces = ",".join(options.network_interfaces)
         args += ["--mca", "btl_tcp_if_include", interfaces, "--mca", "oob_tcp_if_include", interfaces]
-    try:
-        return args + shlex.split(options.mpi_args or "")
-    except ValueError as error:
-        raise UsageError(f"--mpi-args {options.mpi_args!r}: {error}") from None
+    if options.tcp:
+        args += ["--mca", "pml", "ob1", "--mca", "btl", "self,sm,tcp"]
+    ssh_args = [*(["-p", str(options.ssh_port)] if options.ssh_port else []),
+                *(["-i", options.ssh_identity_file] if options.ssh_identity_file else [])]
+    if ssh_args:
+        if any(arg in ("plm_ssh_agent", "plm_rsh_agent", "plm_ssh_args", "plm_rsh_args") for arg in given):
+            raise UsageError("--ssh-port and --ssh-identity-file are ssh's, and --mpi-args names mpirun's remote "
+                             "agent or its arguments: give them in --mpi-args")
+        args += ["--mca", "plm_ssh_args", shlex.join(ssh_args)]
+    return args + given
 
 
 def open_rank_watch(options, hosts, timeout_s):

@@ -1,5 +1,5 @@
 """What the launchers ask of hvdtrain/launch/mpirun.py before they start ranks: the remote agent
-mpirun reaches other hosts with, and which hosts answer it. Jobs started through it:
+mpirun reaches other hosts with (and its arguments), and which hosts answer it. Jobs started through it:
 tests/parallel/launch/test_mpirun.py."""
 
 import pytest
@@ -27,6 +27,12 @@ def test_the_agent_is_the_one_open_mpis_variable_gives():
 
 def test_without_either_the_agent_is_ssh_that_asks_for_no_password():
     assert mpirun.remote_agent([], {}) == ["ssh", "-o", "BatchMode=yes"]
+
+
+def test_the_agents_arguments_are_those_open_mpi_gives_it():
+    assert mpirun.remote_agent(["--mca", "plm_ssh_args", "-p 2222"], {}) == ["ssh", "-o", "BatchMode=yes", "-p", "2222"]
+    assert mpirun.remote_agent([], {"OMPI_MCA_plm_rsh_agent": "rsh", "OMPI_MCA_plm_rsh_args": "-l me"}) == \
+        ["rsh", "-l", "me"]
 
 
 def test_hosts_that_the_agent_does_not_reach_in_time_are_left_out(agent, monkeypatch):

@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from hvdtrain.core import horovod_api
+from hvdtrain.launch import mpirun
 from hvdtrain.launch.hvdtrun import command as hvdtrun
 from hvdtrain.run.hosts import Host
 
@@ -22,12 +23,11 @@ from support.commands import run_command
 # horovodrun 0.28's flags (horovod/runner/launch.py) that hvdtrun does not take, with a value
 # where they take one.
 UNSUPPORTED = [
-    ["--output-filename", "out"], ["--config-file", "c.yaml"], ["-p", "22"],
-    ["--ssh-port", "22"], ["-i", "key"], ["--ssh-identity-file", "key"], ["--hierarchical-allreduce"],
+    ["--output-filename", "out"], ["--config-file", "c.yaml"], ["--hierarchical-allreduce"],
     ["--hierarchical-allgather"], ["--torus-allreduce"], ["--autotune"],
     ["--autotune-log-file", "log"], ["--autotune-warmup-samples", "3"], ["--autotune-steps-per-sample", "10"],
     ["--autotune-bayes-opt-max-samples", "20"], ["--autotune-gaussian-process-noise", "0.8"],
-    ["--mpi-threads-disable"], ["--tcp"], ["--binding-args", "x"],
+    ["--mpi-threads-disable"], ["--binding-args", "x"],
     ["--num-nccl-streams", "2"], ["--thread-affinity", "1"], ["--gloo-timeout-seconds", "30"], ["--gloo"],
     ["--jsrun"],
 ]
@@ -76,7 +76,7 @@ def test_more_ranks_than_the_hosts_slots_are_refused(tmp_path, monkeypatch, host
 
 @pytest.mark.parametrize("flag, reason", [
     (["--gloo"], "hvdtrain has no Gloo controller; it runs on MPI"),
-    (["--ssh-port=2222"], "give mpirun's ssh options with --mpi-args"),
+    (["--output-filename=out"], "the ranks' output comes on hvdtrun's stdout and stderr"),
 ])
 def test_an_unsupported_flag_is_refused_by_name(flag, reason, monkeypatch):
     line = refusal(hvdtrun_here("-np", "2", *flag, sys.executable, "-c", "pass", monkeypatch=monkeypatch))
@@ -163,6 +163,28 @@ def test_the_tuning_flags_become_the_engines_horovod_variables(horovodrun_comman
 def test_the_log_timestamp_flags_become_horovods_log_hide_time(flag, hidden):
     options = hvdtrun.parse_command_line(["-np", "2", flag, "python", "train.py"])
     assert hvdtrun.engine_variables(options) == {"HOROVOD_LOG_HIDE_TIME": hidden}
+
+
+def test_the_ssh_port_and_identity_file_become_open_mpis_ssh_arguments():
+    options = hvdtrun.parse_command_line(["-np", "2", "-p", "2222", "-i", "/keys/id ed", "python", "train.py"])
+    assert hvdtrun.mpirun_extra_args(options) == ["--mca", "plm_ssh_args", "-p 2222 -i '/keys/id ed'"]
+
+
+def test_the_hosts_are_probed_with_the_ssh_arguments_mpirun_will_use():
+    options = hvdtrun.parse_command_line(["-np", "2", "--ssh-port", "2222", "python", "train.py"])
+    assert mpirun.remote_agent(hvdtrun.mpirun_extra_args(options), {}) == ["ssh", "-o", "BatchMode=yes", "-p", "2222"]
+
+
+def test_ssh_flags_beside_a_remote_agent_of_the_mpi_args_are_refused():
+    options = hvdtrun.parse_command_line(["-np", "2", "-p", "2222", "--mpi-args=--mca plm_ssh_agent rsh",
+                                          "python", "train.py"])
+    with pytest.raises(hvdtrun.UsageError, match="give them in --mpi-args$"):
+        hvdtrun.mpirun_extra_args(options)
+
+
+def test_tcp_has_open_mpi_carry_the_ranks_traffic_over_tcp():
+    options = hvdtrun.parse_command_line(["-np", "2", "--tcp", "python", "train.py"])
+    assert hvdtrun.mpirun_extra_args(options) == ["--mca", "pml", "ob1", "--mca", "btl", "self,sm,tcp"]
 
 
 @pytest.mark.parametrize("flag", ["-prefix-timestamp", "--prefix-output-with-timestamp"])
