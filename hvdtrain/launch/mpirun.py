@@ -116,18 +116,22 @@ def environment_problem(env):
     return None
 
 
+NO_BINDING = ("--bind-to", "none", "--map-by", "slot")  # Horovod's launcher's, with Open MPI
+
+
 def mpirun_command(program: Sequence[str], hosts: Optional[List[Host]] = None, num_proc: Optional[int] = None,
-                   env: Optional[dict] = None, extra_args: Sequence[str] = ()) -> List[str]:
+                   env: Optional[dict] = None, extra_args: Sequence[str] = (),
+                   binding: Sequence[str] = NO_BINDING) -> List[str]:
     """The mpirun argv that runs `program` on `hosts` (default: `num_proc` ranks here), with the
-    options Horovod's launcher uses (no binding, ranks mapped by slot) and `env` forwarded."""
+    options Horovod's launcher uses (`binding`: by default none, ranks mapped by slot) and `env`
+    forwarded."""
     if hosts is None:
         if not num_proc or num_proc < 1:
             raise ValueError(f"num_proc must be a positive number of ranks, got {num_proc!r}")
         hosts = [Host("localhost", num_proc)]
     world_size = sum(h.slots for h in hosts) if num_proc is None else num_proc
     command = [mpirun_executable(), "-np", str(world_size),
-               "-H", ",".join(f"{h.host}:{h.slots}" for h in hosts),
-               "--bind-to", "none", "--map-by", "slot"]
+               "-H", ",".join(f"{h.host}:{h.slots}" for h in hosts), *binding]
     if len(hosts) == 1 and world_size > (os.cpu_count() or 1):
         command.append("--oversubscribe")
     for name in sorted(env or {}):

@@ -81,7 +81,6 @@ REFUSED = {
         "--autotune-steps-per-sample", "--autotune-bayes-opt-max-samples", "--autotune-gaussian-process-noise")},
     "library arguments": {
         ("--mpi-threads-disable",): MPI_THREADS,
-        ("--binding-args",): "hvdtrun starts the ranks unbound (--bind-to none), as horovodrun does with Open MPI",
         ("--num-nccl-streams",): "HOROVOD_NUM_NCCL_STREAMS is not implemented by hvdtrain",
         ("--thread-affinity",): "HOROVOD_THREAD_AFFINITY is not implemented by hvdtrain",
         ("--gloo-timeout-seconds",): GLOO},
@@ -212,6 +211,8 @@ def build_parser():
                        help="HOROVOD_STALL_SHUTDOWN_TIME_SECONDS")
     library = group("library arguments")
     library.add_argument("--mpi-args", metavar="ARGS", help="more mpirun arguments, split as a shell would")
+    library.add_argument("--binding-args", metavar="ARGS",
+                         help="mpirun's binding and mapping in place of --bind-to none --map-by slot")
     library.add_argument("--tcp", action="store_true",
                          help="MPI's traffic over TCP between hosts (Open MPI's ob1 with self, sm and tcp)")
     ssh = group("SSH arguments")
@@ -399,6 +400,15 @@ def rank_environment(options, hosts):
     return env
 
 
+def binding_args(options):
+    """How mpirun binds and maps the ranks: --binding-args, split as a shell would, else as
+    horovodrun has Open MPI do it."""
+    try:
+        return shlex.split(options.binding_args) if options.binding_args else mpirun.NO_BINDING
+    except ValueError as error:
+        raise UsageError(f"--binding-args {options.binding_args!r}: {error}") from None
+
+
 def mpirun_extra_args(options):
     """mpirun's arguments for hvdtrun's flags, as horovodrun gives them to Open MPI, then
     --mpi-args."""
@@ -435,7 +445,8 @@ def launch(options, hosts, extra_args, watch, copy_to=None):
     env = rank_environment(options, hosts)
     program = [sys.executable, "-m", "hvdtrain.launch.hvdtrun.rank_start", ",".join(watch.addresses),
                str(watch.listener.getsockname()[1]), "--", *options.command]
-    command = mpirun.mpirun_command(program, hosts, num_proc=options.num_proc, env=env, extra_args=extra_args)
+    command = mpirun.mpirun_command(program, hosts, num_proc=options.num_proc, env=env, extra_args=extra_args,
+                                    binding=binding_args(options))
     if options.verbose:
         print(f"hvdtrun: starting {options.num_proc} ranks: {shlex.join(command)}", file=sys.stderr, flush=True)
     # A scheduler's SIGTERM stops the ranks too, and so does SIGINT (the start timeout's too) where

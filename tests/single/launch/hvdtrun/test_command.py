@@ -27,7 +27,7 @@ UNSUPPORTED = [
     ["--hierarchical-allgather"], ["--torus-allreduce"], ["--autotune"],
     ["--autotune-log-file", "log"], ["--autotune-warmup-samples", "3"], ["--autotune-steps-per-sample", "10"],
     ["--autotune-bayes-opt-max-samples", "20"], ["--autotune-gaussian-process-noise", "0.8"],
-    ["--mpi-threads-disable"], ["--binding-args", "x"],
+    ["--mpi-threads-disable"],
     ["--num-nccl-streams", "2"], ["--thread-affinity", "1"], ["--gloo-timeout-seconds", "30"], ["--gloo"],
     ["--jsrun"],
 ]
@@ -180,6 +180,18 @@ def test_ssh_flags_beside_a_remote_agent_of_the_mpi_args_are_refused():
                                           "python", "train.py"])
     with pytest.raises(hvdtrun.UsageError, match="give them in --mpi-args$"):
         hvdtrun.mpirun_extra_args(options)
+
+
+def test_binding_args_take_the_place_of_the_default_binding():
+    options = hvdtrun.parse_command_line(["-np", "2", "--binding-args=--bind-to core --map-by socket", "python", "x"])
+    command = mpirun.mpirun_command(["x"], num_proc=2, binding=hvdtrun.binding_args(options))
+    assert command[command.index("-H") + 2:-1] == ["--bind-to", "core", "--map-by", "socket"]
+
+
+def test_without_binding_args_the_ranks_are_unbound_and_mapped_by_slot_as_horovodrun_has_them():
+    options = hvdtrun.parse_command_line(["-np", "2", "python", "x"])
+    command = mpirun.mpirun_command(["x"], num_proc=2, binding=hvdtrun.binding_args(options))
+    assert command[command.index("-H") + 2:-1] == ["--bind-to", "none", "--map-by", "slot"]
 
 
 def test_tcp_has_open_mpi_carry_the_ranks_traffic_over_tcp():
