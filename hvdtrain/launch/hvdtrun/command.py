@@ -53,7 +53,7 @@ import sys
 from hvdtrain import __version__
 from hvdtrain.core.exits import EXIT_COMMUNICATION, EXIT_CONFIG
 from hvdtrain.launch import mpirun
-from hvdtrain.launch.hvdtrun import elastic, rank_watch
+from hvdtrain.launch.hvdtrun import config_file, elastic, rank_watch
 from hvdtrain.run.hosts import Host, HostsError, all_on_this_machine, parse_hosts, read_hostfile
 
 DEFAULT_START_TIMEOUT_S = 30  # horovodrun's
@@ -70,8 +70,7 @@ MPI_THREADS = "hvdtrain's engine always runs MPI with thread support"
 # for misleads more than one that does not start. (Their list is checked against Horovod's
 # launch.py by the tests.)
 REFUSED = {
-    None: {("--output-filename",): "the ranks' output comes on hvdtrun's stdout and stderr; redirect those",
-           ("--config-file",): "hvdtrun reads no config file; give the flags on the command line"},
+    None: {("--output-filename",): "the ranks' output comes on hvdtrun's stdout and stderr; redirect those"},
     "tuneable parameter arguments": {
         ("--hierarchical-allreduce",): HIERARCHICAL.format("allreduce"),
         ("--hierarchical-allgather",): HIERARCHICAL.format("allgather"),
@@ -169,6 +168,8 @@ def build_parser():
                         action=_Interfaces, metavar="NAME[,NAME]", help="interfaces for MPI's and NCCL's traffic")
     parser.add_argument("--verbose", action="store_true",
                         help="show the mpirun command and when all ranks have started")
+    parser.add_argument("--config-file", metavar="FILE",
+                        help="horovodrun's YAML file of tuning flags; the command line's win over it")
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND", help="the command every rank runs")
     groups = {None: parser}
 
@@ -250,6 +251,16 @@ def parse_command_line(argv):
     command from there on. UsageError names what cannot be taken."""
     parser = build_parser()
     options, unknown = parser.parse_known_args(argv)
+    if options.config_file and not unknown:
+        path = options.config_file
+        try:
+            from_file = config_file.flags(path)
+        except ValueError as error:
+            raise UsageError(str(error)) from None
+        try:  # the file's flags first, so that those of the command line win
+            options, unknown = parser.parse_known_args([*from_file, *argv])
+        except UsageError as error:
+            raise UsageError(f"--config-file {path}: {error}") from None
     if unknown:
         known = [flag for action in parser._actions for flag in action.option_strings
                  if action.help != argparse.SUPPRESS]

@@ -23,7 +23,7 @@ from support.commands import run_command
 # horovodrun 0.28's flags (horovod/runner/launch.py) that hvdtrun does not take, with a value
 # where they take one.
 UNSUPPORTED = [
-    ["--output-filename", "out"], ["--config-file", "c.yaml"], ["--hierarchical-allreduce"],
+    ["--output-filename", "out"], ["--hierarchical-allreduce"],
     ["--hierarchical-allgather"], ["--torus-allreduce"], ["--autotune"],
     ["--autotune-log-file", "log"], ["--autotune-warmup-samples", "3"], ["--autotune-steps-per-sample", "10"],
     ["--autotune-bayes-opt-max-samples", "20"], ["--autotune-gaussian-process-noise", "0.8"],
