@@ -25,9 +25,11 @@ from typing import Dict, List, Optional, Set
 from hvdtrain.run.hosts import all_on_this_machine
 
 SIOCGIFADDR = 0x8915  # Linux ioctl: an interface's IPv4 address
-# How long the last ranks' connections may take to close once mpirun has ended: their processes
-# have ended by then, and only the closing has to cross the network.
-END_GRACE_S = 5.0
+# How long the last ranks' connections may take to close once mpirun has ended. Their processes
+# have ended by then, but what they forked holds the connection too: PyTorch's DataLoader workers
+# of a rank that ended with os._exit notice it within 5 s (their watchdog's interval). Waiting
+# costs only a job that failed so; a connection that closes ends the wait.
+END_GRACE_S = 30.0
 # How often the watch looks up from waiting for reports to see whether the job has ended.
 POLL_S = 0.2
 # Descriptors hvdtrun keeps for everything but the ranks' connections (MPI's pipes, the store's).
@@ -175,9 +177,11 @@ def job_ended(watch, thread):
     thread.join()
 
 
-def ranks_not_ended(watch, grace_s=END_GRACE_S):
+def ranks_not_ended(watch, grace_s=None):
     """{rank: the address it connected from, or None where it never reported} for the ranks that
-    had not started, or whose connection is still open `grace_s` after the job ended."""
+    had not started, or whose connection is still open `grace_s` (END_GRACE_S) after the job
+    ended."""
+    grace_s = END_GRACE_S if grace_s is None else grace_s
     not_started = set(range(watch.world_size)) - set(watch.connections) - watch.unwatched
     open_ranks = dict(watch.connections)
     deadline = time.monotonic() + grace_s

@@ -213,7 +213,11 @@ def test_a_job_a_rank_of_which_did_not_end_with_mpirun_fails_naming_it(tmp_path)
             time.sleep(15)
             os._exit(0)
     """))
-    result = run_hvdtrun("-np", "2", sys.executable, "forks.py", cwd=tmp_path)
+    # hvdtrun waiting 2 s, not 30, for the ranks' connections to close
+    hvdtrun = ("import sys; from hvdtrain.launch.hvdtrun import command, rank_watch; rank_watch.END_GRACE_S = 2; "
+               "command.main(sys.argv[1:])")
+    result = run_command([sys.executable, "-c", hvdtrun, "-np", "2", sys.executable, "forks.py"], cwd=tmp_path,
+                         timeout=120)
     assert result.returncode == 75, result.stdout + result.stderr
     assert ("hvdtrun: mpirun ended with status 0, but rank 1 (from 127.0.0.1) had not ended" in result.stderr), \
         result.stderr
