@@ -137,21 +137,19 @@ def _flags(**given):
 
 class _ranks_environment:
     """`variables` in this process's environment while the job runs (mpirun forwards them to the
-    ranks from there), as they were after."""
+    ranks from there, as it does those the elastic driver sets), and the environment as it was
+    after."""
 
     def __init__(self, variables):
         self.variables, self.before = variables, {}
 
     def __enter__(self):
-        self.before = {name: os.environ.get(name) for name in self.variables}
+        self.before = dict(os.environ)
         os.environ.update(self.variables)
 
     def __exit__(self, *exc):
-        for name, value in self.before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        os.environ.clear()
+        os.environ.update(self.before)
 
 
 class _signals_restored:
