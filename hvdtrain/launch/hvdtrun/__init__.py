@@ -1,7 +1,8 @@
 """`hvdtrun`: Horovod 0.28's horovodrun for hvdtrain (command.py), with its elastic driver
-(elastic.py), horovodrun's --config-file (config_file.py), what each rank runs first to report
-that it has started (rank_start.py) and hvdtrun's side of those reports (rank_watch.py);
-`hvdtrun.run`, horovod.run, runs a Python function on every rank (function_job.py)."""
+(elastic.py), horovodrun's --config-file (config_file.py) and --output-filename
+(output_files.py), what each rank runs first to report that it has started (rank_start.py) and
+hvdtrun's side of those reports (rank_watch.py); `hvdtrun.run`, horovod.run, runs a Python
+function on every rank (function_job.py)."""
 
 
 def __getattr__(name):

@@ -53,7 +53,7 @@ import sys
 from hvdtrain import __version__
 from hvdtrain.core.exits import EXIT_COMMUNICATION, EXIT_CONFIG
 from hvdtrain.launch import mpirun
-from hvdtrain.launch.hvdtrun import config_file, elastic, rank_watch
+from hvdtrain.launch.hvdtrun import config_file, elastic, output_files, rank_watch
 from hvdtrain.run.hosts import Host, HostsError, all_on_this_machine, parse_hosts, read_hostfile
 
 DEFAULT_START_TIMEOUT_S = 30  # horovodrun's
@@ -70,7 +70,6 @@ MPI_THREADS = "hvdtrain's engine always runs MPI with thread support"
 # for misleads more than one that does not start. (Their list is checked against Horovod's
 # launch.py by the tests.)
 REFUSED = {
-    None: {("--output-filename",): "the ranks' output comes on hvdtrun's stdout and stderr; redirect those"},
     "tuneable parameter arguments": {
         ("--hierarchical-allreduce",): HIERARCHICAL.format("allreduce"),
         ("--hierarchical-allgather",): HIERARCHICAL.format("allgather"),
@@ -168,6 +167,8 @@ def build_parser():
                         action=_Interfaces, metavar="NAME[,NAME]", help="interfaces for MPI's and NCCL's traffic")
     parser.add_argument("--verbose", action="store_true",
                         help="show the mpirun command and when all ranks have started")
+    parser.add_argument("--output-filename", metavar="DIR",
+                        help="also write each rank's stdout and stderr to DIR/rank.N/stdout and stderr")
     parser.add_argument("--config-file", metavar="FILE",
                         help="horovodrun's YAML file of tuning flags; the command line's win over it")
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND", help="the command every rank runs")
@@ -427,7 +428,10 @@ def mpirun_extra_args(options):
         given = shlex.split(options.mpi_args or "")
     except ValueError as error:
         raise UsageError(f"--mpi-args {options.mpi_args!r}: {error}") from None
-    args = ["--output", "timestamp"] if options.prefix_output_with_timestamp else []
+    # mpirun tags each line with its rank for --output-filename (output_files.py)
+    outputs = [*(["tag"] if options.output_filename else []),
+               *(["timestamp"] if options.prefix_output_with_timestamp else [])]
+    args = ["--output", ",".join(outputs)] if outputs else []
     if options.network_interfaces:
         interfaces = ",".join(options.network_interfaces)
         args += ["--mca", "btl_tcp_if_include", interfaces, "--mca", "oob_tcp_if_include", interfaces]
@@ -464,6 +468,9 @@ def launch(options, hosts, extra_args, watch, copy_to=None):
     # the shell started us in the background, which leaves SIGINT ignored
     for stop_signal in (signal.SIGTERM, signal.SIGINT):
         signal.signal(stop_signal, signal.default_int_handler)
+    if options.output_filename:
+        copy_to = [output_files.RankOutput(options.output_filename, options.num_proc, console)
+                   for console in copy_to or (sys.stdout, sys.stderr)]
     watching = rank_watch.start_watching(watch)
     try:
         result = mpirun.run(command, env=env, copy_to=copy_to)
@@ -476,6 +483,9 @@ def launch(options, hosts, extra_args, watch, copy_to=None):
             return 1
         print("hvdtrun: interrupted; the job was stopped", file=sys.stderr)
         return 130
+    finally:
+        for stream in copy_to if options.output_filename else ():
+            stream.close()
     # mpirun killed by a signal: the status a shell would report
     return result.returncode if result.returncode >= 0 else 128 - result.returncode
 

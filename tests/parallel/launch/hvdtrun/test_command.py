@@ -223,6 +223,17 @@ def test_a_job_a_rank_of_which_did_not_end_with_mpirun_fails_naming_it(tmp_path)
         result.stderr
 
 
+def test_output_filename_writes_each_ranks_output_to_its_files_and_the_console_as_well(tmp_path):
+    result = run_hvdtrun("-np", "2", "--output-filename", "out", sys.executable, "-c",
+                         "import os, sys; rank = os.environ['OMPI_COMM_WORLD_RANK']; print('out', rank); "
+                         "print('err', rank, file=sys.stderr)", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert sorted(result.stdout.splitlines()) == ["out 0", "out 1"]
+    assert sorted(result.stderr.splitlines()) == ["err 0", "err 1"]
+    assert {str(path.relative_to(tmp_path / "out")): path.read_text() for path in (tmp_path / "out").rglob("std*")} == {
+        "rank.0/stdout": "out 0\n", "rank.0/stderr": "err 0\n", "rank.1/stdout": "out 1\n", "rank.1/stderr": "err 1\n"}
+
+
 @pytest.fixture(scope="module")
 def interrupted(tmp_path_factory):
     """(hvdtrun's exit status and stderr after Ctrl-C while both ranks sleep, the mark on the

@@ -23,7 +23,7 @@ from support.commands import run_command
 # horovodrun 0.28's flags (horovod/runner/launch.py) that hvdtrun does not take, with a value
 # where they take one.
 UNSUPPORTED = [
-    ["--output-filename", "out"], ["--hierarchical-allreduce"],
+    ["--hierarchical-allreduce"],
     ["--hierarchical-allgather"], ["--torus-allreduce"], ["--autotune"],
     ["--autotune-log-file", "log"], ["--autotune-warmup-samples", "3"], ["--autotune-steps-per-sample", "10"],
     ["--autotune-bayes-opt-max-samples", "20"], ["--autotune-gaussian-process-noise", "0.8"],
@@ -76,7 +76,7 @@ def test_more_ranks_than_the_hosts_slots_are_refused(tmp_path, monkeypatch, host
 
 @pytest.mark.parametrize("flag, reason", [
     (["--gloo"], "hvdtrain has no Gloo controller; it runs on MPI"),
-    (["--output-filename=out"], "the ranks' output comes on hvdtrun's stdout and stderr"),
+    (["--num-nccl-streams=2"], "HOROVOD_NUM_NCCL_STREAMS is not implemented by hvdtrain"),
 ])
 def test_an_unsupported_flag_is_refused_by_name(flag, reason, monkeypatch):
     line = refusal(hvdtrun_here("-np", "2", *flag, sys.executable, "-c", "pass", monkeypatch=monkeypatch))
@@ -197,6 +197,13 @@ def test_without_binding_args_the_ranks_are_unbound_and_mapped_by_slot_as_horovo
 def test_tcp_has_open_mpi_carry_the_ranks_traffic_over_tcp():
     options = hvdtrun.parse_command_line(["-np", "2", "--tcp", "python", "train.py"])
     assert hvdtrun.mpirun_extra_args(options) == ["--mca", "pml", "ob1", "--mca", "btl", "self,sm,tcp"]
+
+
+def test_output_files_have_mpirun_tag_each_line_with_its_rank_and_stamp_it_where_asked():
+    options = hvdtrun.parse_command_line(["-np", "2", "--output-filename", "out", "python", "x"])
+    assert hvdtrun.mpirun_extra_args(options) == ["--output", "tag"]
+    options = hvdtrun.parse_command_line(["-np", "2", "--output-filename", "out", "-prefix-timestamp", "python", "x"])
+    assert hvdtrun.mpirun_extra_args(options) == ["--output", "tag,timestamp"]
 
 
 @pytest.mark.parametrize("flag", ["-prefix-timestamp", "--prefix-output-with-timestamp"])

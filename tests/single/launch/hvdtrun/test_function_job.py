@@ -16,8 +16,6 @@ from hvdtrain.launch.hvdtrun import function_job
 @pytest.mark.parametrize("arguments, refusal", [
     ({"use_gloo": True}, "hvdtrun.run: --gloo is not supported by hvdtrun (hvdtrain has no Gloo controller; it runs "
                          "on MPI)"),
-    ({"output_filename": "out"}, "hvdtrun.run: --output-filename is not supported by hvdtrun (the ranks' output "
-                                 "comes on hvdtrun's stdout and stderr; redirect those)"),
     ({"hosts": "localhost:1", "hostfile": "hosts.txt"}, "Argument hosts and hostfile only allow one provided."),
     ({"num_proc": 3, "hosts": "localhost:2"}, "hvdtrun.run: -np 3 asks for 3 ranks but -H localhost:2 offers only "
                                               "2 slots"),
