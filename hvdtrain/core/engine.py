@@ -15,6 +15,7 @@ import collections
 import itertools
 import logging
 import math
+import os
 import sys
 import threading
 import time
@@ -56,12 +57,33 @@ def _set_bits(bits):
         bits ^= low
 
 
+def engine_core(affinity, local_rank, local_size):
+    """The core HOROVOD_THREAD_AFFINITY (`affinity`, one core a local rank) binds this rank's
+    engine thread to, as Horovod binds its background thread; None without it. ValueError where
+    it names fewer cores than the host has ranks, or a core this process may not run on."""
+    if not affinity:
+        return None
+    listed = ",".join(map(str, affinity))
+    if len(affinity) < local_size:
+        raise ValueError(f"environment variable HOROVOD_THREAD_AFFINITY={listed!r} names {len(affinity)} cores, "
+                         f"one for each local rank, but this host has {local_size} ranks")
+    core, allowed = affinity[local_rank], os.sched_getaffinity(0)
+    if core not in allowed:
+        raise ValueError(f"environment variable HOROVOD_THREAD_AFFINITY={listed!r}: core {core}, local rank "
+                         f"{local_rank}'s, is not among the cores this process may run on "
+                         f"({','.join(map(str, sorted(allowed)))})")
+    return core
+
+
 class Engine:
-    def __init__(self, comm, settings, members=None):
+    def __init__(self, comm, settings, members=None, core=None):
         """`members`: the job's rank of each rank of `comm`, where `comm` holds a process set
-        (process_sets.py). Errors and a broadcast's root name ranks that way."""
+        (process_sets.py). Errors and a broadcast's root name ranks that way. `core`: a process
+        set's engine thread is bound where the job's is (engine_core)."""
         self.settings = settings
         self.topology, self._world, self._local, self._cross = discover(comm)
+        self.core = (engine_core(settings.thread_affinity, self.topology.local_rank, self.topology.local_size)
+                     if members is None else core)
         self.rank, self.size = self.topology.rank, self.topology.size
         self.members = tuple(range(self.size)) if members is None else members
         self._position = {job_rank: rank for rank, job_rank in enumerate(self.members)}  # a broadcast's root
@@ -242,6 +264,8 @@ class Engine:
         # no collective completes before this rank submits its part, which wakes it.
         cycle_time = self.settings.cycle_time_s
         wait = cycle_time
+        if self.core is not None:
+            os.sched_setaffinity(0, {self.core})  # on Linux, 0 is the calling thread
         try:
             while True:
                 started = time.perf_counter()

@@ -230,7 +230,7 @@ def _register(process_sets, requests, agreed):
 
             # One timeline per job, written by the global engine: a set's rank 0 would overwrite it.
             settings = dataclasses.replace(registry.settings, timeline_path=None)
-            engine = Engine(comm, settings, members=tuple(ranks))
+            engine = Engine(comm, settings, members=tuple(ranks), core=world.core)
         registry.next_id = set_id + 1
         registry.engines[set_id] = engine
         registry.sets[set_id] = process_set

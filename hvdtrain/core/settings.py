@@ -4,7 +4,7 @@ import difflib
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 MIB = 1024 * 1024
 
@@ -43,6 +43,8 @@ class Settings:
     # with 4 MiB, where each submission's host work delayed backward (docs/gpu.md).
     segment_bytes: int = 25 * MIB
     dynamic_process_sets: bool = False
+    # HOROVOD_THREAD_AFFINITY: the core each local rank's engine thread is bound to, by local rank
+    thread_affinity: Tuple[int, ...] = ()
     # How each operation moves device buffers: "NCCL", or "MPI" through pinned host memory.
     gpu_operations: Dict[str, str] = field(default_factory=lambda: dict.fromkeys(GPU_OPERATIONS, "NCCL"))
 
@@ -56,6 +58,7 @@ IMPLEMENTED_VARIABLES = frozenset((
     "HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME", "HOROVOD_CACHE_CAPACITY", "HOROVOD_TIMELINE",
     "HOROVOD_TIMELINE_MARK_CYCLES", "HOROVOD_STALL_CHECK_DISABLE", "HOROVOD_STALL_CHECK_TIME_SECONDS",
     "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "HOROVOD_LOG_LEVEL", "HOROVOD_LOG_HIDE_TIME", "HOROVOD_DYNAMIC_PROCESS_SETS",
+    "HOROVOD_THREAD_AFFINITY",
     "HOROVOD_GPU_OPERATIONS", "HOROVOD_GPU_ALLREDUCE", "HOROVOD_GPU_ALLGATHER", "HOROVOD_GPU_BROADCAST",
     "HOROVOD_GPU_ALLTOALL", "HOROVOD_GPU_REDUCESCATTER",
     # =1: an elastic job, whose world may grow: hvdtrain.torch's DistributedOptimizer reduces
@@ -71,7 +74,7 @@ UNIMPLEMENTED_VARIABLES = frozenset((
     "HOROVOD_TORUS_ALLREDUCE", "HOROVOD_BATCH_D2D_MEMCOPIES", "HOROVOD_NUM_NCCL_STREAMS", "HOROVOD_CPU_OPERATIONS",
     "HOROVOD_GPU", "HOROVOD_CONTROLLER",
     "HOROVOD_CCL_CACHE", "HOROVOD_CCL_BGT_AFFINITY", "HOROVOD_ADASUM_MPI_CHUNK_SIZE", "HOROVOD_ADASUM_GPU",
-    "HOROVOD_MPI_THREADS_DISABLE", "HOROVOD_THREAD_AFFINITY", "HOROVOD_DISABLE_GROUP_FUSION",
+    "HOROVOD_MPI_THREADS_DISABLE", "HOROVOD_DISABLE_GROUP_FUSION",
     "HOROVOD_DISABLE_NVTX_RANGES", "HOROVOD_ENABLE_ASYNC_COMPLETION", "HOROVOD_ENABLE_XLA_OPS",
     "HOROVOD_MPI_CXX", "HOROVOD_GLOO_IFACE", "HOROVOD_GLOO_TIMEOUT_SECONDS",
     "HOROVOD_GLOO_RENDEZVOUS_ADDR", "HOROVOD_GLOO_RENDEZVOUS_PORT", "HOROVOD_GLOO_GLOBAL_PREFIX",
@@ -133,6 +136,21 @@ def gpu_operations(env):
     return {op: _transport(env, f"HOROVOD_GPU_{op.upper()}", everything) for op in GPU_OPERATIONS}
 
 
+def thread_affinity(env):
+    """HOROVOD_THREAD_AFFINITY: core ids separated by commas, one for each local rank."""
+    raw = env.get("HOROVOD_THREAD_AFFINITY", "").strip()
+    if not raw:
+        return ()
+    try:
+        cores = tuple(int(core) for core in raw.split(","))
+    except ValueError:
+        cores = (-1,)
+    if min(cores) < 0:
+        raise ValueError(f"environment variable HOROVOD_THREAD_AFFINITY={raw!r} is not a list of core ids "
+                         f"separated by commas, one for each local rank")
+    return cores
+
+
 def _flag(env, name):
     return env.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
@@ -170,4 +188,5 @@ def from_environment(env=None) -> Settings:
         segment_bytes=_number(env, "HVDTRAIN_SEGMENT_BYTES", Settings.segment_bytes, int),
         dynamic_process_sets=_flag(env, "HOROVOD_DYNAMIC_PROCESS_SETS"),
         gpu_operations=gpu_operations(env),
+        thread_affinity=thread_affinity(env),
     )

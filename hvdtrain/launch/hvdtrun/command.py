@@ -80,7 +80,6 @@ REFUSED = {
     "library arguments": {
         ("--mpi-threads-disable",): MPI_THREADS,
         ("--num-nccl-streams",): "HOROVOD_NUM_NCCL_STREAMS is not implemented by hvdtrain",
-        ("--thread-affinity",): "HOROVOD_THREAD_AFFINITY is not implemented by hvdtrain",
         ("--gloo-timeout-seconds",): GLOO},
     "controller arguments": {("--gloo",): GLOO, ("--jsrun",): "hvdtrun launches with mpirun only"},
 }
@@ -215,6 +214,8 @@ def build_parser():
     library.add_argument("--mpi-args", metavar="ARGS", help="more mpirun arguments, split as a shell would")
     library.add_argument("--binding-args", metavar="ARGS",
                          help="mpirun's binding and mapping in place of --bind-to none --map-by slot")
+    library.add_argument("--thread-affinity", metavar="CORE[,CORE]",
+                         help="HOROVOD_THREAD_AFFINITY: the core of each local rank's engine thread")
     library.add_argument("--tcp", action="store_true",
                          help="MPI's traffic over TCP between hosts (Open MPI's ob1 with self, sm and tcp)")
     ssh = group("SSH arguments")
@@ -396,6 +397,7 @@ def engine_variables(options):
         "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": options.stall_check_shutdown_time_seconds,
         "HOROVOD_LOG_LEVEL": options.log_level,
         "HOROVOD_LOG_HIDE_TIME": None if options.log_with_timestamp is None else not options.log_with_timestamp,
+        "HOROVOD_THREAD_AFFINITY": options.thread_affinity,
     }
     return {name: str(int(value)) if isinstance(value, bool) else str(value)
             for name, value in given.items() if value is not None}

@@ -5,11 +5,13 @@ values refused naming the variable (by init() too, before MPI is touched), and t
 variables hvdtrain does not implement named with the nearest known one."""
 
 import logging
+import os
 import re
 
 import pytest
 
 from hvdtrain import core
+from hvdtrain.core.engine import engine_core
 from hvdtrain.core.settings import MIB, Settings, from_environment, ignored_variables
 
 
@@ -26,11 +28,12 @@ def test_settings_read_the_environment():
         "HOROVOD_TIMELINE": "/tmp/t.json", "HOROVOD_TIMELINE_MARK_CYCLES": "1", "HOROVOD_STALL_CHECK_DISABLE": "1",
         "HOROVOD_STALL_CHECK_TIME_SECONDS": "5", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "7",
         "HOROVOD_LOG_LEVEL": "DEBUG", "HOROVOD_LOG_HIDE_TIME": "1", "HVDTRAIN_CHUNK_BYTES": "1024",
+        "HOROVOD_THREAD_AFFINITY": "3,1",
     })
     assert settings == Settings(fusion_threshold_bytes=65536, cycle_time_s=0.0035, cache_capacity=0,
                                 timeline_path="/tmp/t.json", timeline_mark_cycles=True, stall_check_enabled=False,
                                 stall_check_time_s=5.0, stall_shutdown_time_s=7.0, log_level=logging.DEBUG,
-                                log_hide_time=True, chunk_bytes=1024)
+                                log_hide_time=True, chunk_bytes=1024, thread_affinity=(3, 1))
 
 
 @pytest.mark.parametrize("hidden", [False, True])
@@ -48,7 +51,7 @@ BAD_VALUES = [
     ("HOROVOD_FUSION_THRESHOLD", "abc"), ("HOROVOD_FUSION_THRESHOLD", "1.5"), ("HOROVOD_FUSION_THRESHOLD", "-1"),
     ("HOROVOD_LOG_LEVEL", "loud"), ("HOROVOD_CYCLE_TIME", "fast"), ("HOROVOD_CACHE_CAPACITY", "-5"),
     ("HOROVOD_STALL_CHECK_TIME_SECONDS", "soon"), ("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "-2"),
-    ("HVDTRAIN_CHUNK_BYTES", "0"),
+    ("HVDTRAIN_CHUNK_BYTES", "0"), ("HOROVOD_THREAD_AFFINITY", "0,one"), ("HOROVOD_THREAD_AFFINITY", "-1"),
 ]
 
 
@@ -113,3 +116,21 @@ def test_ignored_horovod_variables_are_named_with_the_nearest_known_one():
         "HOROVOD_HIERARCHICAL_ALLREDUCE is set but not implemented by hvdtrain; ignored",
         "HOROVOD_SOMETHING_ELSE is set but is not a Horovod 0.28 variable; ignored",
     ]
+
+
+def test_each_local_ranks_engine_thread_takes_its_core_of_horovod_thread_affinity():
+    assert [engine_core((1, 0), local_rank, 2) for local_rank in (0, 1)] == [1, 0]
+    assert engine_core((), 0, 2) is None
+
+
+def test_a_thread_affinity_with_fewer_cores_than_local_ranks_is_refused_naming_it():
+    with pytest.raises(ValueError, match=r"^environment variable HOROVOD_THREAD_AFFINITY='0' names 1 cores, one for "
+                                         r"each local rank, but this host has 2 ranks$"):
+        engine_core((0,), 0, 2)
+
+
+def test_a_core_this_process_may_not_run_on_is_refused_naming_it():
+    beyond = max(os.sched_getaffinity(0)) + 1
+    with pytest.raises(ValueError, match=f"core {beyond}, local rank 0's, is not among the cores this process may "
+                                         f"run on"):
+        engine_core((beyond,), 0, 1)

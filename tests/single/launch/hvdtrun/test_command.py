@@ -28,7 +28,7 @@ UNSUPPORTED = [
     ["--autotune-log-file", "log"], ["--autotune-warmup-samples", "3"], ["--autotune-steps-per-sample", "10"],
     ["--autotune-bayes-opt-max-samples", "20"], ["--autotune-gaussian-process-noise", "0.8"],
     ["--mpi-threads-disable"],
-    ["--num-nccl-streams", "2"], ["--thread-affinity", "1"], ["--gloo-timeout-seconds", "30"], ["--gloo"],
+    ["--num-nccl-streams", "2"], ["--gloo-timeout-seconds", "30"], ["--gloo"],
     ["--jsrun"],
 ]
 # ... and those that ask for what hvdtrun does anyway, taken as they are.
@@ -210,6 +210,11 @@ def test_output_files_have_mpirun_tag_each_line_with_its_rank_and_stamp_it_where
 def test_prefixing_the_output_with_timestamps_has_mpirun_stamp_each_line(flag):
     options = hvdtrun.parse_command_line(["-np", "2", flag, "python", "train.py"])
     assert hvdtrun.mpirun_extra_args(options) == ["--output", "timestamp"]
+
+
+def test_the_thread_affinity_becomes_horovods_variable():
+    options = hvdtrun.parse_command_line(["-np", "2", "--thread-affinity", "3,1", "python", "train.py"])
+    assert hvdtrun.engine_variables(options) == {"HOROVOD_THREAD_AFFINITY": "3,1"}
 
 
 def test_the_commands_flags_stay_the_commands(horovodrun_command_line):
