@@ -65,12 +65,12 @@ def remote_agent(mpirun_args, env):
     """The command mpirun reaches other hosts with: Open MPI's plm_ssh_agent (else ssh) and
     plm_ssh_args after it (or their older names plm_rsh_*), each from the arguments given to
     mpirun, else the environment."""
-    agent = _mca_parameter("agent", mpirun_args, env)
-    arguments = _mca_parameter("args", mpirun_args, env)
+    agent = ssh_parameter("agent", mpirun_args, env)
+    arguments = ssh_parameter("args", mpirun_args, env)
     return ([*shlex.split(agent)] if agent else ["ssh", "-o", "BatchMode=yes"]) + shlex.split(arguments or "")
 
 
-def _mca_parameter(suffix, mpirun_args, env):
+def ssh_parameter(suffix, mpirun_args, env):
     """plm_ssh_SUFFIX (or plm_rsh_SUFFIX) as mpirun takes it: from its arguments, else its
     environment; None where neither sets it."""
     names = (f"plm_ssh_{suffix}", f"plm_rsh_{suffix}")

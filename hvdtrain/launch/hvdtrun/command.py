@@ -442,7 +442,7 @@ def mpirun_extra_args(options):
     ssh_args = [*(["-p", str(options.ssh_port)] if options.ssh_port else []),
                 *(["-i", options.ssh_identity_file] if options.ssh_identity_file else [])]
     if ssh_args:
-        if any(arg in ("plm_ssh_agent", "plm_rsh_agent", "plm_ssh_args", "plm_rsh_args") for arg in given):
+        if mpirun.ssh_parameter("agent", given, {}) or mpirun.ssh_parameter("args", given, {}):
             raise UsageError("--ssh-port and --ssh-identity-file are ssh's, and --mpi-args names mpirun's remote "
                              "agent or its arguments: give them in --mpi-args")
         args += ["--mca", "plm_ssh_args", shlex.join(ssh_args)]

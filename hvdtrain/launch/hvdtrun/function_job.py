@@ -78,14 +78,14 @@ def run(func: Callable[..., Any], args: Sequence = (), kwargs: Optional[Dict] = 
                    ssh_identity_file=ssh_identity_file, disable_cache=disable_cache,
                    output_filename=output_filename, verbose=verbose, use_gloo=use_gloo, use_mpi=use_mpi,
                    mpi_args=mpi_args, network_interfaces=network_interfaces)
-    key = secrets.token_bytes(32)
+    key, python = secrets.token_bytes(32), executable or sys.executable
     try:
         # the ranks' command is set once the call server listens
-        options = command.parse_command_line([*flags, executable or sys.executable])
+        options = command.parse_command_line([*flags, python])
         hosts = None if options.host_discovery_script else command.job_hosts(options)
         with _CallServer(call, key, rank_watch.listening_address(hosts, options.network_interfaces)) as server:
-            options.command = [executable or sys.executable, "-m", "hvdtrain.launch.hvdtrun.function_job",
-                               ",".join(server.addresses), str(server.port)]
+            options.command = [python, "-m", "hvdtrain.launch.hvdtrun.function_job", ",".join(server.addresses),
+                               str(server.port)]
             with _ranks_environment({KEY_VARIABLE: key.hex()}), _signals_restored():
                 status = command.run_job(options, copy_to=_copy_to())
             return server.results(status)
@@ -186,8 +186,8 @@ class _CallServer:
         self.listener = Listener((host, 0), family="AF_INET", authkey=key, backlog=128)
         self.port = self.listener.address[1]
         self.lock = threading.Lock()
-        self.sizes: Dict[str, int] = {}  # mpirun job (its PMIx namespace) -> its ranks
-        self.outcomes: Dict[str, Dict[int, tuple]] = {}  # job -> rank -> ("ok", result) | ("error", error, text)
+        # mpirun job (its PMIx namespace) -> rank -> ("ok", result, address) | ("error", error, text, address)
+        self.outcomes: Dict[str, Dict[int, tuple]] = {}
         self.completed: List[str] = []  # jobs every rank of which returned, in the order they did
         threading.Thread(target=self._accept, name="hvdtrun-run-calls", daemon=True).start()
 
@@ -219,7 +219,6 @@ class _CallServer:
             except Exception as error:  # its result does not unpickle here
                 outcome = ("error", None, f"its result cannot be unpickled here: {error!r}")
             with self.lock:
-                self.sizes[job] = size
                 self.outcomes.setdefault(job, {})[rank] = (*outcome, address)
                 if len(self.outcomes[job]) == size and all(o[0] == "ok" for o in self.outcomes[job].values()):
                     self.completed.append(job)
@@ -246,7 +245,7 @@ class _CallServer:
 
 def rank_main(argv: Sequence[str]) -> int:
     """A rank's side: fetch the call, run it, send back its result or error."""
-    from hvdtrain.core.exits import exit_status
+    from hvdtrain.core.exits import EXIT_RANK_ERROR, exit_status
 
     addresses, port = argv[0].split(","), int(argv[1])
     key = bytes.fromhex(os.environ.pop(KEY_VARIABLE))  # the function's own processes need not see it
@@ -263,7 +262,7 @@ def rank_main(argv: Sequence[str]) -> int:
         link.send_bytes(cloudpickle.dumps(outcome))
     except Exception as error:  # an error that does not pickle travels as its text; a result, as the failure
         if outcome[0] == "ok":
-            text, status = f"its result cannot be pickled: {error!r}", 3
+            text, status = f"its result cannot be pickled: {error!r}", EXIT_RANK_ERROR
         link.send_bytes(cloudpickle.dumps(("error", None, text)))
     link.close()
     return status

@@ -124,6 +124,10 @@ def _started(watch):
     return len(watch.connections) + len(watch.unwatched)
 
 
+def _not_started(watch):
+    return sorted(set(range(watch.world_size)) - set(watch.connections) - watch.unwatched)
+
+
 def watch_start(watch, main_thread_id):
     """Collects the ranks' reports until all have come or the job has ended (then those waiting
     in the listener's queue too); when the start timeout runs out first, stops the job as Ctrl-C
@@ -159,7 +163,7 @@ def watch_start(watch, main_thread_id):
         return
     with watch.lock:
         if not watch.job_ended.is_set():
-            watch.missing = sorted(set(range(watch.world_size)) - set(watch.connections) - watch.unwatched)
+            watch.missing = _not_started(watch)
             signal.pthread_kill(main_thread_id, signal.SIGINT)
 
 
@@ -182,7 +186,6 @@ def ranks_not_ended(watch, grace_s=None):
     had not started, or whose connection is still open `grace_s` (END_GRACE_S) after the job
     ended."""
     grace_s = END_GRACE_S if grace_s is None else grace_s
-    not_started = set(range(watch.world_size)) - set(watch.connections) - watch.unwatched
     open_ranks = dict(watch.connections)
     deadline = time.monotonic() + grace_s
     with selectors.DefaultSelector() as selector:  # epoll: select() stops at descriptor 1023
@@ -203,7 +206,7 @@ def ranks_not_ended(watch, grace_s=None):
                 if closed:
                     selector.unregister(key.fileobj)
                     del open_ranks[key.data]
-    found = {rank: None for rank in not_started}
+    found = dict.fromkeys(_not_started(watch))
     for rank, connection in open_ranks.items():
         try:
             found[rank] = connection.getpeername()[0]
