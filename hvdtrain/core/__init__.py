@@ -49,6 +49,7 @@ _init_lock = threading.Lock()
 _atexit_registered = False
 _initialized_mpi = False  # whether init() initialized MPI, which it then finalizes at exit
 _warned_variables = set()  # ignored HOROVOD_* variables are named once per process
+_log_handler = None  # the engine logger's handler, where hvdtrain added it
 _unnamed_object_calls = {}  # per (kind, process set), since this engine started: names the n-th unnamed call
 
 
@@ -128,12 +129,17 @@ def _warn_about_ignored_variables():
 
 
 def _configure_logging(level, hide_time):
+    """The engine's logger at `level`, with a handler of ours unless the program gave it one of
+    its own, whose format then stays the program's."""
+    global _log_handler
     logger = logging.getLogger("hvdtrain.core")
     logger.setLevel(level)
     if not logger.handlers:
-        logger.addHandler(logging.StreamHandler())
-    logger.handlers[0].setFormatter(logging.Formatter(
-        "[hvdtrain %(levelname)s] %(message)s" if hide_time else "[%(asctime)s hvdtrain %(levelname)s] %(message)s"))
+        _log_handler = logging.StreamHandler()
+        logger.addHandler(_log_handler)
+    if _log_handler in logger.handlers:
+        prefix = "[hvdtrain" if hide_time else "[%(asctime)s hvdtrain"
+        _log_handler.setFormatter(logging.Formatter(prefix + " %(levelname)s] %(message)s"))
 
 
 def shutdown():

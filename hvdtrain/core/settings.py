@@ -143,9 +143,10 @@ def thread_affinity(env):
         return ()
     try:
         cores = tuple(int(core) for core in raw.split(","))
+        valid = min(cores) >= 0
     except ValueError:
-        cores = (-1,)
-    if min(cores) < 0:
+        valid = False
+    if not valid:
         raise ValueError(f"environment variable HOROVOD_THREAD_AFFINITY={raw!r} is not a list of core ids "
                          f"separated by commas, one for each local rank")
     return cores
