@@ -134,3 +134,14 @@ def test_a_core_this_process_may_not_run_on_is_refused_naming_it():
     with pytest.raises(ValueError, match=f"core {beyond}, local rank 0's, is not among the cores this process may "
                                          f"run on"):
         engine_core((beyond,), 0, 1)
+
+
+def test_a_handler_the_program_gave_the_engines_logger_keeps_its_own_format(monkeypatch):
+    logger = logging.getLogger("hvdtrain.core")
+    own = logging.StreamHandler()
+    own.setFormatter(logging.Formatter("mine: %(message)s"))
+    monkeypatch.setattr(logger, "handlers", [own])
+    core._configure_logging(logging.WARNING, hide_time=True)
+    assert logger.handlers == [own]
+    assert own.format(logging.LogRecord("hvdtrain.core", logging.WARNING, __file__, 1, "a warning", (), None)) == \
+        "mine: a warning"
