@@ -5,8 +5,9 @@
   torchvision's ImageFolder and transforms do;
 - gpu: a loader worker only reads each file's bytes (and draws its crop from the size in its JPEG
   header); the rank decodes the whole batch on its GPU with torchvision's batched nvJPEG decoder,
-  and crops, resizes, flips and normalizes there (DeviceImages). Files that decoder does not
-  take (not a JPEG, CMYK) are decoded by PIL in the worker, and counted.
+  and crops, resizes, flips and normalizes there (DeviceImages), in a thread of its own a batch or
+  two ahead of training. Files that decoder does not take (not a JPEG, CMYK) are decoded by PIL in
+  the worker, and counted.
 
 Either way the crop and flip of a training sample come from its seed (tasks/image_files.py), so
 a sample looks the same decoded either way, in any run, rank or worker. A file PIL cannot read
@@ -14,6 +15,8 @@ either stops the run with one line naming it, or with data.bad_files=skip is lef
 batch and counted. A module of its own so that other data sources do not import torchvision.
 """
 
+import queue
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, NamedTuple, Optional
@@ -208,34 +211,43 @@ class DeviceImages:
     """data.decode=gpu on a rank: each EncodedBatch decoded on `device` (nvJPEG on a GPU; on the CPU
     the same code decodes with libjpeg, which the tests use), cropped and resized to `size` (for
     validation resized to `resize_size` and center-cropped), flipped and normalized, as `dtype` in
-    `memory_format`. On CUDA the next batch is decoded on a stream of its own while the current
-    step runs; events, not the host, order the two. Counts the samples PIL decoded and the bad
-    files left out."""
+    `memory_format`. Counts the samples PIL decoded and the bad files left out.
+
+    The batches are made by a thread of their own, up to AHEAD batches ahead of training, because
+    torchvision's GPU decoder waits on the host for its batch to be decoded, and the loop that
+    launches a batch's few kernels per sample is Python's: on the training thread both would add
+    to every step. Both leave the GIL while they wait or run C++. On CUDA the thread works on a
+    stream of its own; events, not the host, order its work before the step that uses it."""
 
     def __init__(self, device, size, resize_size, skip_bad, dtype=torch.float32, memory_format=torch.contiguous_format):
         self.device, self.size, self.resize_size, self.skip_bad = device, size, resize_size, skip_bad
         self.dtype, self.memory_format = dtype, memory_format
         self.mean = torch.tensor(IMAGENET_MEAN, device=device).view(1, 3, 1, 1)
         self.std = torch.tensor(IMAGENET_STD, device=device).view(1, 3, 1, 1)
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.decoded_on_cpu = self.skipped = 0
+        self._ahead = None
 
     def batches(self, loader):
-        """(images, labels) on the device for each EncodedBatch of `loader`."""
-        if self.device.type != "cuda":
-            yield from map(self, loader)
-            return
-        stream = torch.cuda.Stream(self.device)
-        ahead = None
-        for batch in loader:
-            with torch.cuda.stream(stream):
-                tensors = self(batch)
-                ready = torch.cuda.Event()
-                ready.record(stream)
-            if ahead is not None:
-                yield self._handed_over(*ahead)
-            ahead = tensors, ready
-        if ahead is not None:
-            yield self._handed_over(*ahead)
+        """(images, labels) on the device for each EncodedBatch of `loader`. The batches of an
+        earlier call that were not all taken are dropped first: two threads must never iterate
+        one loader (the training loader's workers persist from epoch to epoch)."""
+        if self._ahead is not None:
+            self._ahead.close()
+        if self.stream is None:
+            self._ahead = made_ahead(self, loader)
+            return self._ahead
+        self._ahead = made_ahead(self._on_side_stream, loader)
+        return (self._handed_over(*made) for made in self._ahead)
+
+    def _on_side_stream(self, batch):
+        """The batch's tensors made on the side stream (the stream's context also makes its device
+        the thread's), and the event that follows their making."""
+        with torch.cuda.stream(self.stream):
+            tensors = self(batch)
+            ready = torch.cuda.Event()
+            ready.record(self.stream)
+        return tensors, ready
 
     def _handed_over(self, tensors, ready):
         """The tensors made on the side stream, for use on the current one: it waits for their
@@ -299,3 +311,51 @@ class DeviceImages:
         image = F.resized_crop(image, crop.top, crop.left, crop.height, crop.width, [self.size, self.size],
                                antialias=True)
         return F.horizontal_flip(image) if crop.flip else image
+
+
+_MADE, _FAILED, _ENDED = "made", "failed", "ended"  # what made_ahead's thread hands over
+AHEAD = 2  # batches a thread of made_ahead may have ready: enough to absorb a slow batch, few on the device
+
+
+def made_ahead(make, items, ahead=AHEAD):
+    """make(item) for each of `items`, in order, computed by a thread of its own up to `ahead`
+    results ahead of the caller. An error in `items` or in `make` is raised to the caller where
+    its item would have come. Closing the generator stops the thread once its current item is
+    done, and waits for it; the thread is a daemon, so that a generator left suspended by an
+    error elsewhere cannot keep the process from exiting."""
+    results = queue.Queue(ahead)
+    closing = threading.Event()
+
+    def put(result):
+        while not closing.is_set():
+            try:
+                results.put(result, timeout=0.05)
+                return True
+            except queue.Full:
+                pass
+        return False
+
+    def work():
+        try:
+            for item in items:
+                if closing.is_set() or not put((_MADE, make(item))):
+                    return
+        except BaseException as error:  # every error reaches the caller, whatever it is
+            put((_FAILED, error))
+            return
+        put((_ENDED, None))
+
+    thread = threading.Thread(target=work, name="hvdtrain-made-ahead", daemon=True)
+    thread.start()
+    try:
+        while True:
+            kind, value = results.get()
+            if kind is _ENDED:
+                return
+            if kind is _FAILED:
+                raise value
+            yield value
+    finally:
+        closing.set()
+        thread.join()
+

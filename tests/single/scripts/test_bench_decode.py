@@ -1,5 +1,5 @@
-"""scripts/bench_decode.py, in this process on a few small images: it writes both ways' rates,
-and stops on a wrong answer instead of timing it."""
+"""scripts/bench_decode.py, in this process on a few small images: it writes the rates of both ways
+and of the rank's part in turn and ahead of a step, and stops on a wrong answer instead of timing it."""
 
 import json
 import sys
@@ -23,15 +23,18 @@ def run(bench, monkeypatch, out):
     bench.main()
 
 
-def test_the_bench_writes_both_ways_rates(bench, monkeypatch, tmp_path):
+def test_the_bench_writes_the_rates_of_each_way(bench, monkeypatch, tmp_path):
     run(bench, monkeypatch, tmp_path / "results.json")
     results = json.loads((tmp_path / "results.json").read_text())
-    assert {name: len(rates) for name, rates in results["rates"].items()} == {"cpu": 2, "gpu on the cpu": 2}
+    assert {name: len(rates) for name, rates in results["rates"].items()} == {
+        "cpu": 2, "gpu, the workers' part": 2, "gpu, the rank's part on cpu": 2, "in turn with a step": 2,
+        "ahead of a step": 2}
+    assert results["ahead_over_in_turn"] > 0
 
 
-def test_the_bench_stops_on_a_wrong_result(bench, monkeypatch, tmp_path):
-    right = bench.decode_on_device
-    monkeypatch.setattr(bench, "decode_on_device",
-                        lambda *args: [(images.flip(-1), labels) for images, labels in right(*args)])
-    with pytest.raises(SystemExit, match="the two ways disagree"):
+@pytest.mark.parametrize("way", ["decode_on_cpu", "ahead"])
+def test_the_bench_stops_on_a_wrong_result(bench, monkeypatch, tmp_path, way):
+    right = getattr(bench, way)
+    monkeypatch.setattr(bench, way, lambda *args: [(images.flip(-1), labels) for images, labels in right(*args)])
+    with pytest.raises(SystemExit, match="the ways disagree"):
         run(bench, monkeypatch, tmp_path / "results.json")

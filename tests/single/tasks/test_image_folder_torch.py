@@ -2,16 +2,19 @@
 (torchvision's decoder runs there too): the same sample gets the same crop, label and nearly the
 same pixels decoded by PIL in a loader worker (data.decode=cpu) or batch by batch on the device
 (data.decode=gpu); the files the device's decoder does not take are decoded by PIL and counted;
-a file nothing reads stops the run naming it, or is left out and counted (data.bad_files=skip)."""
+a file nothing reads stops the run naming it, or is left out and counted (data.bad_files=skip).
+The rank's batches are made by a thread of their own ahead of training (made_ahead)."""
 
 import shutil
+import threading
+import time
 
 import pytest
 import torch
 
 from hvdtrain.tasks.data import IMAGENET_STD, BadFile
-from hvdtrain.tasks.image_folder_torch import (DecodedImageFolder, EncodedImageFolder,
-                                               _training_transform, _validation_transform)
+from hvdtrain.tasks.image_folder_torch import (AHEAD, DecodedImageFolder, EncodedImageFolder, _training_transform,
+                                               _validation_transform, made_ahead)
 from hvdtrain.tasks.image_tree import make_image_tree
 
 SIZE, RESIZE = 64, 73
@@ -94,3 +97,86 @@ def test_a_file_nothing_reads_stops_the_run_naming_it(tree_with_a_bad_file, deco
 def test_a_file_nothing_reads_is_left_out_and_counted_where_asked(tree_with_a_bad_file, decoded):
     images, labels, inputs = decoded(tree_with_a_bad_file, "train", keys(37), skip_bad=True)
     assert len(images) == len(labels) == 36 and inputs.counts()["bad_files_skipped"] == 1
+
+
+def made_ahead_threads():
+    return [thread for thread in threading.enumerate() if thread.name == "hvdtrain-made-ahead"]
+
+
+def wait_until(condition, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return condition()
+
+
+def test_made_ahead_gives_the_results_in_order_made_at_most_ahead_of_the_caller():
+    made = []
+    results = made_ahead(lambda item: made.append(item) or item * item, range(20))
+    assert next(results) == 0
+    # taken: 0; waiting: AHEAD results; one more made and waiting for room
+    assert wait_until(lambda: len(made) == AHEAD + 2)
+    time.sleep(0.2)
+    assert len(made) == AHEAD + 2
+    assert list(results) == [i * i for i in range(1, 20)]
+
+
+def test_made_ahead_raises_an_error_of_make_where_its_item_would_have_come():
+    def make(item):
+        if item == 2:
+            raise ValueError("item 2 is bad")
+        return item
+
+    results = made_ahead(make, range(5))
+    assert [next(results), next(results)] == [0, 1]
+    with pytest.raises(ValueError, match="item 2 is bad"):
+        next(results)
+
+
+def test_made_ahead_raises_an_error_of_the_items():
+    def items():
+        yield 1
+        raise OSError("the loader's worker died")
+
+    results = made_ahead(lambda item: item, items())
+    assert next(results) == 1
+    with pytest.raises(OSError, match="worker died"):
+        next(results)
+
+
+def test_closing_made_ahead_stops_its_thread_and_the_making():
+    made = []
+    results = made_ahead(made.append, range(1000))
+    next(results)
+    results.close()
+    assert not made_ahead_threads()
+    count = len(made)
+    time.sleep(0.1)
+    assert len(made) == count < 1000
+
+
+class WatchedLoader:
+    """A loader that counts its iterations running at once."""
+
+    def __init__(self, batches, watch):
+        self.batches, self.watch = batches, watch
+
+    def __iter__(self):
+        self.watch["running"] += 1
+        self.watch["most"] = max(self.watch["most"], self.watch["running"])
+        try:
+            yield from self.batches
+        finally:
+            self.watch["running"] -= 1
+
+
+def test_the_batches_of_an_earlier_call_are_dropped_before_a_loader_is_iterated_again(tree):
+    dataset = EncodedImageFolder(tree / "train", training=True, skip_bad=False, size=SIZE, resize_size=RESIZE)
+    batches = [dataset.collate([dataset[key] for key in keys(36)[i:i + 4]]) for i in range(0, 36, 4)]
+    inputs = dataset.rank_inputs(CPU, torch.float32, torch.contiguous_format)
+    watch = {"running": 0, "most": 0}
+    first_epoch = inputs.batches(WatchedLoader(batches, watch))
+    next(first_epoch)  # an epoch left unfinished, its thread waiting with batches made
+    second_epoch = list(inputs.batches(WatchedLoader(batches, watch)))
+    assert len(second_epoch) == len(batches) and watch == {"running": 0, "most": 1}
+    assert not made_ahead_threads()
