@@ -8,9 +8,11 @@ The rank's batches are made by a thread of their own ahead of training (made_ahe
 import shutil
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
+from torch.utils.data import DataLoader
 
 from hvdtrain.tasks.data import IMAGENET_STD, BadFile
 from hvdtrain.tasks.image_folder_torch import (AHEAD, DecodedImageFolder, EncodedImageFolder, _training_transform,
@@ -80,6 +82,26 @@ def test_the_devices_decoder_is_handed_colour_and_grayscale_jpegs_and_pil_the_re
     decoded_by_pil = sorted(dataset.samples[i][0].split("/")[-1] for i in range(len(dataset))
                             if dataset[(i, 0)].decoded is not None)
     assert decoded_by_pil == ["train_0000_00001.JPEG", "train_0000_00002.JPEG"]  # the CMYK JPEG and the PNG
+
+
+def test_a_batch_carries_its_jpegs_bytes_in_one_buffer(tree):
+    dataset = EncodedImageFolder(tree / "train", training=True, skip_bad=False, size=SIZE, resize_size=RESIZE)
+    batch = dataset.collate([dataset[key] for key in keys(12)])
+    files = [dataset.samples[i][0] for i in range(12)]
+    jpegs = {i: bytes(encoded.numpy()) for i, encoded in batch.jpegs()}
+    assert jpegs == {i: Path(files[i]).read_bytes() for i in range(12) if batch.samples[i].decoded is None}
+    assert len(jpegs) == 10 and len(batch.encoded) == sum(map(len, jpegs.values()))  # the CMYK JPEG and PNG: PIL's
+
+
+def test_batches_through_loader_workers_are_those_made_in_process(tree):
+    dataset = EncodedImageFolder(tree / "train", training=True, skip_bad=False, size=SIZE, resize_size=RESIZE)
+    batches = [keys(36)[i:i + 12] for i in range(0, 36, 12)]
+    loader = DataLoader(dataset, batch_sampler=batches, num_workers=2, collate_fn=dataset.collate)
+    inputs = dataset.rank_inputs(CPU, torch.float32, torch.contiguous_format)
+    through_workers = list(inputs.batches(loader))
+    in_process = [inputs(dataset.collate([dataset[key] for key in batch])) for batch in batches]
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+               for a, b in zip(through_workers, in_process, strict=True))
 
 
 def test_the_files_pil_decoded_are_counted(tree):
