@@ -2,9 +2,10 @@
 by restarts.
 
 Horovod changes a running job's members in place; an MPI job's members are fixed for its life.
-So under `hvdtrun --host-discovery-script ...` (hvdtrain/launch/hvdtrun/elastic.py) a change of hosts, or a
-failed rank, ends the job, and hvdtrun starts it again on the hosts there are, where the script
-goes on from its last commit without noticing:
+So under `hvdtrun --host-discovery-script ...` (hvdtrain/launch/hvdtrun/elastic.py), or hvdtrain.ray's
+elastic RayExecutor, which drives its jobs with the same loop, a change of hosts, or a failed rank,
+ends the job, and hvdtrun starts it again on the hosts there are, where the script goes on from
+its last commit without noticing:
 - `state.commit()` keeps the state in memory as Horovod's does, and rank 0 also sends it to
   hvdtrun's commit store (a socket of hvdtrun's; the address comes in HVDTRAIN_ELASTIC_STORE), so that it
   outlives the job and needs no shared file system;
@@ -197,14 +198,14 @@ def run_fn(func, bcast_object, get_rank):
                 raise
             status = exit_status(error)
             if status == EXIT_COMMUNICATION:
-                print(f"hvdtrain: rank {get_rank()} lost its peers ({error}); hvdtrun starts the job again from the "
-                      f"last commit", file=sys.stderr, flush=True)
+                print(f"hvdtrain: rank {get_rank()} lost its peers ({error}); the job starts again from the last "
+                      f"commit", file=sys.stderr, flush=True)
             else:
                 # The script's own error, which a restart from the last commit would meet again
                 # (Horovod would blacklist the host and end a job that every host failed)
                 traceback.print_exc()
                 print(f"hvdtrain: rank {get_rank()} raised {type(error).__name__}: {error}; a restart would meet it "
-                      f"again, so hvdtrun does not start the job again", file=sys.stderr, flush=True)
+                      f"again, so the job is not started again", file=sys.stderr, flush=True)
             _leave(status)
 
     wrapper.__wrapped__ = func

@@ -7,6 +7,6 @@ except ImportError:
     raise ImportError("hvdtrain.ray needs Ray: pip install 'hvdtrain[ray]'") from None
 
 from hvdtrain.launch.relay import RankFailed
-from hvdtrain.ray.executor import RayExecutor, RaySettings
+from hvdtrain.ray.executor import ElasticRayExecutor, ElasticRaySettings, RayExecutor, RaySettings
 
-__all__ = ["RayExecutor", "RaySettings", "RankFailed"]
+__all__ = ["RayExecutor", "RaySettings", "ElasticRayExecutor", "ElasticRaySettings", "RankFailed"]

@@ -6,20 +6,37 @@ relay of one rank (hvdtrain/launch/relay.py): mpirun, started here on the driver
 hosts through those actors, not ssh, and every rank it starts takes the functions its actor is
 sent. So `hvd.init()` inside a function sees the world, local and cross ranks that the placement
 implies, and the collectives run on hvdtrain's core between the hosts Ray chose.
+
+With `min_workers`, the executor is Horovod's elastic one, for functions that use Horovod Elastic
+(`hvd.elastic.run`). MPI cannot change a running job's members, so, as hvdtrun does for elastic
+scripts (hvdtrain/launch/hvdtrun/elastic.py, whose loop this drives), `run` starts a job on the
+workers Ray's nodes hold (as many as their CPUs, and GPUs, fit, up to `max_workers`, once there
+are `min_workers`), and starts it again, from the function's last commit, when a node is lost or
+another joins (then at the ranks' next commit). Its results are those of the start that finished.
 """
 
 import contextlib
+import functools
 import secrets
+import subprocess
 import sys
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional
 
 import ray
 from ray.util.placement_group import get_current_placement_group
 
+from hvdtrain.core.exits import EXIT_COMMUNICATION, NOT_RESTARTED
 from hvdtrain.launch import mpirun
+from hvdtrain.launch.hvdtrun.elastic import LONGEST_COOLDOWN_S, ElasticOptions, Terms, run_elastic
 from hvdtrain.launch.ray_placement import place
 from hvdtrain.launch.relay import RankEnded, RankFailed, mpirun_job
+from hvdtrain.run.hosts import Host
+
+ELASTIC_TERMS = Terms(launcher="hvdtrain.ray", min_np="min_workers", reset_limit="reset_limit",
+                      elastic_timeout="elastic_timeout", discovered="Ray's alive nodes offer")
+JOB_END_WAIT_S = 30.0  # for mpirun to end once a rank or worker of an elastic start is gone
 
 
 @dataclass
@@ -46,14 +63,17 @@ class RayExecutor:
     def __init__(self, settings, num_workers: Optional[int] = None, num_hosts: Optional[int] = None,
                  num_workers_per_host: Optional[int] = None, cpus_per_worker: int = 1, use_gpu: bool = False,
                  gpus_per_worker: Optional[int] = None, use_current_placement_group: bool = True,
-                 min_workers: Optional[int] = None, max_workers: Optional[int] = None, **elastic_options):
-        if min_workers is not None or max_workers is not None or elastic_options:
-            raise NotImplementedError("hvdtrain.ray: elastic RayExecutor (min_workers, max_workers, "
-                                      f"{', '.join(elastic_options) or 'reset_limit'}) is not supported; "
-                                      "give num_workers or num_hosts")
+                 min_workers: Optional[int] = None, max_workers: Optional[int] = None,
+                 reset_limit: Optional[int] = None, cooldown_range: Optional[List[int]] = None,
+                 elastic_timeout: int = 600, override_discovery: bool = True):
         if gpus_per_worker and not use_gpu:
             raise ValueError(f"gpus_per_worker={gpus_per_worker} needs use_gpu=True")
-        if (num_workers is None) == (num_hosts is None):
+        self.elastic = None
+        if min_workers is not None or max_workers is not None:
+            self.elastic = _elastic_options(num_workers, num_hosts, cpus_per_worker,
+                                            (gpus_per_worker or 1) if use_gpu else 0, min_workers, max_workers,
+                                            reset_limit, cooldown_range, elastic_timeout, override_discovery)
+        elif (num_workers is None) == (num_hosts is None):
             raise ValueError(f"give one of num_workers and num_hosts, not {num_workers=} and {num_hosts=}")
         for name, value in (("num_workers", num_workers), ("num_hosts", num_hosts),
                             ("num_workers_per_host", num_workers_per_host), ("cpus_per_worker", cpus_per_worker)):
@@ -61,7 +81,8 @@ class RayExecutor:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         self.settings = settings or RaySettings()
         num_workers_per_host = num_workers_per_host or 1
-        self.num_workers = num_workers if num_workers is not None else num_hosts * num_workers_per_host
+        self.num_workers = num_workers if num_workers is not None or num_hosts is None \
+            else num_hosts * num_workers_per_host
         self.num_hosts = num_hosts
         self.num_workers_per_host = num_workers_per_host
         self.cpus_per_worker = cpus_per_worker
@@ -70,6 +91,7 @@ class RayExecutor:
         self._placement = None
         self._job = contextlib.ExitStack()  # holds mpirun while the executor runs
         self._key = secrets.token_bytes(32)  # of this executor's relays
+        self._started = None  # an elastic executor's start(): what each start of its job starts with
 
     @property
     def workers(self) -> List[Any]:
@@ -87,46 +109,111 @@ class RayExecutor:
             raise
 
     def _start(self, executable_cls, executable_args, executable_kwargs, extra_env_vars):
+        environment = {name: str(value) for name, value in (extra_env_vars or {}).items()}
+        executable = (executable_cls, executable_args or [], executable_kwargs or {})
+        if self.elastic is not None:  # its workers are placed by each start of its job, in run
+            self._started = environment, executable
+            return
         # As Horovod's: packed workers go into the placement group this runs in (a Ray Tune
         # trial's), where there is one and use_current_placement_group is set.
         current = get_current_placement_group() if self.use_current_placement_group and not self.num_hosts else None
+        self._job.enter_context(self._job_on(self.num_workers if not self.num_hosts else None, environment,
+                                             executable, group=current))
+
+    @contextlib.contextmanager
+    def _job_on(self, num_workers, environment, executable, group=None):
+        """A job of `num_workers` placed workers (None: num_hosts of num_workers_per_host), each
+        rank running an instance of the executable (class, args, kwargs); the workers, mpirun
+        and the ranks go when the block ends. Yields mpirun's process."""
         try:
             self._placement = place(self._key, self.settings.placement_group_timeout_s, self.cpus_per_worker,
-                                    self.gpus_per_worker, num_workers=None if self.num_hosts else self.num_workers,
-                                    num_hosts=self.num_hosts, workers_per_host=self.num_workers_per_host,
-                                    group=current,
-                                    environment={name: str(value) for name, value in (extra_env_vars or {}).items()})
+                                    self.gpus_per_worker, num_workers=num_workers,
+                                    num_hosts=None if num_workers else self.num_hosts,
+                                    workers_per_host=self.num_workers_per_host, group=group, environment=environment)
         except TimeoutError as error:
             raise TimeoutError(f"hvdtrain.ray: {error} (placement_group_timeout_s)") from None
-        nic_args = []
-        if self.settings.nics:
-            interfaces = ",".join(sorted(self.settings.nics))
-            nic_args = ["--mca", "oob_tcp_if_include", interfaces, "--mca", "btl_tcp_if_include", interfaces]
-        command, env = mpirun_job(self._placement.seats, self._key, extra_mpi_args=nic_args)
-        if self.settings.verbose >= 2:
-            print("hvdtrain.ray:", " ".join(command), file=sys.stderr)
-        self._job.enter_context(mpirun.started(command, env=env))
-        self._get([worker.start_executable.remote(executable_cls, executable_args or [], executable_kwargs or {},
-                                                  self.settings.timeout_s) for worker in self.workers], "to start")
+        try:
+            nic_args = []
+            if self.settings.nics:
+                interfaces = ",".join(sorted(self.settings.nics))
+                nic_args = ["--mca", "oob_tcp_if_include", interfaces, "--mca", "btl_tcp_if_include", interfaces]
+            command, env = mpirun_job(self._placement.seats, self._key, extra_mpi_args=nic_args)
+            if self.settings.verbose >= 2:
+                print("hvdtrain.ray:", " ".join(command), file=sys.stderr)
+            with mpirun.started(command, env=env) as process:
+                self._get([worker.start_executable.remote(*executable, self.settings.timeout_s)
+                           for worker in self.workers], "to start")
+                yield process
+        finally:
+            self._placement.close()
+            self._placement = None
 
     def execute(self, fn: Callable[[Any], Any], callbacks=None) -> List[Any]:
         """`fn(executable)` on every worker; the results in rank order."""
+        if self.elastic is not None:
+            return self._run_elastic(fn)
         return self._get(self._calls(fn), "to finish")
 
     def run(self, fn: Callable[..., Any], args: Optional[List] = None, kwargs: Optional[Dict] = None,
             callbacks=None) -> List[Any]:
         """`fn(*args, **kwargs)` on every worker; the results in rank order."""
+        args, kwargs = list(args or []), dict(kwargs or {})
+        if self.elastic is not None:
+            return self._run_elastic(lambda _: fn(*args, **kwargs))
         return self._get(self.run_remote(fn, args, kwargs), "to finish")
 
     def run_remote(self, fn: Callable[..., Any], args: Optional[List] = None,
                    kwargs: Optional[Dict] = None) -> List["ray.ObjectRef"]:
         """As `run`, but the object references of the results, at once."""
+        if self.elastic is not None:
+            raise NotImplementedError("hvdtrain.ray: an elastic RayExecutor has no run_remote: its workers last "
+                                      "one start of the job; use run")
         args, kwargs = list(args or []), dict(kwargs or {})
         return self._calls(lambda _: fn(*args, **kwargs))
 
     def execute_single(self, fn: Callable[[Any], Any]) -> Any:
         """`fn(executable)` on the rank 0 worker only."""
+        if self.elastic is not None:
+            raise NotImplementedError("hvdtrain.ray: an elastic RayExecutor has no execute_single; use execute")
         return self._get([self.workers[0].execute.remote(fn)], "to finish")[0]
+
+    def _run_elastic(self, fn):
+        """`fn(executable)` on every rank of each start of the elastic job, until one start
+        finishes; its results in rank order. A function that raises ends the job at once: a
+        restart would meet its error again."""
+        if self._started is None:
+            raise RuntimeError("hvdtrain.ray: call start() before running functions")
+        environment, executable = self._started
+        results = []
+
+        def start_job(num_proc, hosts):
+            try:
+                with self._job_on(num_proc, environment, executable) as process:
+                    try:
+                        results[:] = self._get(self._calls(fn), "to finish")
+                        return 0
+                    except RuntimeError as error:
+                        if _own_error(error):
+                            raise
+                    return _ended(process)
+            # Ray could not place the workers (a node it still counts alive is gone, or others took
+            # its resources), or one died before its rank started: the loop looks for hosts again.
+            except (TimeoutError, RuntimeError) as error:
+                if _own_error(error):
+                    raise
+                print(error if str(error).startswith("hvdtrain.ray: ") else f"hvdtrain.ray: {error}", file=sys.stderr,
+                      flush=True)
+                return EXIT_COMMUNICATION
+
+        def answering(hosts):
+            alive = {host.host for host in self.elastic.discovery()}
+            return [host for host in hosts if host.host in alive]
+
+        status = run_elastic(self.elastic, start_job, [ray.util.get_node_ip_address()], answering)
+        if status:
+            raise RuntimeError(f"hvdtrain.ray: the elastic job ended with exit status {status}: "
+                               f"{NOT_RESTARTED.get(status, 'see the messages above')}")
+        return results
 
     def _calls(self, fn):
         if not self.workers:
@@ -163,6 +250,118 @@ class RayExecutor:
             with contextlib.suppress(Exception):
                 ray.get(worker.close.remote(), timeout=10)
         self._job.close()
-        if self._placement is not None:
-            self._placement.close()
-            self._placement = None
+        self._started = None
+
+
+@dataclass
+class ElasticRaySettings:
+    """What ElasticRayExecutor.create_settings returns (the part of Horovod's ElasticSettings that
+    means something here)."""
+    min_num_proc: int = 1
+    max_num_proc: Optional[int] = None
+    reset_limit: Optional[int] = None
+    elastic_timeout: float = 600
+    timeout_s: float = 30
+    nics: Optional[set] = None
+    verbose: int = 1
+    cooldown_range: Optional[List[int]] = None
+    ssh_identity_file: Optional[str] = None  # accepted for Horovod's callers; no ssh is used
+
+
+class ElasticRayExecutor:
+    """Horovod 0.28's ElasticRayExecutor (deprecated there since 0.25 for RayExecutor's
+    min_workers), as an elastic RayExecutor: `run(worker_fn)` calls `worker_fn()` on every rank."""
+
+    @staticmethod
+    def create_settings(min_num_proc: int = 1, max_num_proc: Optional[int] = None, reset_limit: Optional[int] = None,
+                        elastic_timeout: int = 600, timeout_s: int = 30, ssh_identity_file: Optional[str] = None,
+                        nics=None, min_np: Optional[int] = None, max_np: Optional[int] = None, verbose: int = 1,
+                        cooldown_range: Optional[List[int]] = None, **others) -> ElasticRaySettings:
+        if others:
+            raise ValueError(f"hvdtrain.ray: ElasticRayExecutor.create_settings does not take "
+                             f"{', '.join(sorted(others))}")
+        if min_np is not None:
+            warnings.warn("min_np is deprecated, use min_num_proc instead", DeprecationWarning, stacklevel=2)
+            min_num_proc = min_np
+        if max_np is not None:
+            warnings.warn("max_np is deprecated, use max_num_proc instead", DeprecationWarning, stacklevel=2)
+            max_num_proc = max_np
+        return ElasticRaySettings(min_num_proc, max_num_proc, reset_limit, elastic_timeout, timeout_s, nics,
+                                  int(verbose), cooldown_range, ssh_identity_file)
+
+    def __init__(self, settings: ElasticRaySettings, use_gpu: bool = False, cpus_per_slot: int = 1,
+                 gpus_per_slot: Optional[int] = None, env_vars: Optional[Dict] = None, override_discovery: bool = True):
+        self._executor = RayExecutor(
+            RaySettings(timeout_s=settings.timeout_s, nics=settings.nics, verbose=settings.verbose),
+            min_workers=settings.min_num_proc, max_workers=settings.max_num_proc, reset_limit=settings.reset_limit,
+            cooldown_range=settings.cooldown_range, elastic_timeout=settings.elastic_timeout,
+            cpus_per_worker=cpus_per_slot, use_gpu=use_gpu, gpus_per_worker=gpus_per_slot,
+            override_discovery=override_discovery)
+        self._env_vars = env_vars
+
+    def start(self):
+        self._executor.start(extra_env_vars=self._env_vars)
+
+    def run(self, worker_fn: Callable[[], Any], callbacks=None) -> List[Any]:
+        """`worker_fn()` on every rank of the elastic job; the results of its last start, in rank order."""
+        return self._executor.run(worker_fn, callbacks=callbacks)
+
+
+def ray_hosts(cpus_per_worker, gpus_per_worker):
+    """Ray's alive nodes that hold a worker, each with as many slots as it holds workers (as
+    Horovod's RayHostDiscovery counts them: from the nodes' resources, not what is free now)."""
+    hosts = []
+    for node in ray.nodes():
+        resources = node["Resources"]
+        slots = int(resources.get("CPU", 0) // cpus_per_worker)
+        if gpus_per_worker:
+            slots = min(slots, int(resources.get("GPU", 0) // gpus_per_worker))
+        if node["Alive"] and slots:
+            hosts.append(Host(node["NodeManagerAddress"], slots))
+    return sorted(hosts, key=lambda host: host.host)  # one order: the elastic loop sees a change only where one is
+
+
+def _elastic_options(num_workers, num_hosts, cpus_per_worker, gpus_per_worker, min_workers, max_workers,
+                     reset_limit, cooldown_range, elastic_timeout, override_discovery):
+    """The elastic loop's options for RayExecutor's elastic arguments; ValueError for bad ones."""
+    if num_workers is not None or num_hosts is not None:
+        raise ValueError(f"give min_workers (an elastic job) or num_workers/num_hosts, not both: {min_workers=}, "
+                         f"{num_workers=}, {num_hosts=}")
+    if not isinstance(min_workers, int) or min_workers < 1:
+        raise ValueError(f"min_workers must be a positive integer, got {min_workers!r}")
+    if max_workers is not None and (not isinstance(max_workers, int) or max_workers < min_workers):
+        raise ValueError(f"max_workers must be an integer of at least min_workers {min_workers}, got {max_workers!r}")
+    if reset_limit is not None and (not isinstance(reset_limit, int) or reset_limit < 0):
+        raise ValueError(f"reset_limit must be an integer of at least 0, got {reset_limit!r}")
+    if cooldown_range is not None:
+        low, high = cooldown_range
+        if not 0 < low <= high <= LONGEST_COOLDOWN_S:
+            raise ValueError(f"cooldown_range {list(cooldown_range)}: the low must be positive and at most the high, "
+                             f"and the high at most {LONGEST_COOLDOWN_S}")
+    if not elastic_timeout or elastic_timeout <= 0:
+        raise ValueError(f"elastic_timeout must be a positive number of seconds, got {elastic_timeout!r}")
+    if not override_discovery:
+        raise NotImplementedError("hvdtrain.ray: override_discovery=False (a discovery of the settings' own) is not "
+                                  "supported; the elastic RayExecutor finds the hosts from Ray's nodes")
+    return ElasticOptions(None, min_np=min_workers, max_np=max_workers, slots_per_host=1, reset_limit=reset_limit,
+                          elastic_timeout_s=elastic_timeout,
+                          blacklist_cooldown_s=tuple(cooldown_range) if cooldown_range else None,
+                          discovery=functools.partial(ray_hosts, cpus_per_worker, gpus_per_worker),
+                          terms=ELASTIC_TERMS)
+
+
+def _own_error(error):
+    """Whether `error`, which ended a start, is the function's own (or its executable's), which a
+    restart would meet again; not a rank that ended or a worker that died with its node."""
+    return isinstance(error, RankFailed) and not isinstance(error, RankEnded)
+
+
+def _ended(process):
+    """The exit status of a start whose call failed, as the elastic loop reads it: mpirun's, once
+    it ends (stopped after JOB_END_WAIT_S); a status of 0, or a stop, counts as a lost peer."""
+    try:
+        status = process.wait(timeout=JOB_END_WAIT_S)
+    except subprocess.TimeoutExpired:
+        mpirun.stop(process)
+        return EXIT_COMMUNICATION
+    return 128 - status if status < 0 else status or EXIT_COMMUNICATION

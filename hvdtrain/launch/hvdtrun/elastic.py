@@ -20,6 +20,8 @@ starting its job again (the script's side: hvdtrain/core/elastic.py):
 - every start after the first counts against --reset-limit;
 - the ranks run with HOROVOD_ELASTIC=1, as horovodrun's elastic ranks do: Horovod's
   DistributedOptimizer reduces even in a job of one rank then, as the world may grow.
+hvdtrain.ray's elastic RayExecutor drives its jobs with the same loop: its hosts are Ray's nodes
+(ElasticOptions.discovery), and its messages name its arguments (Terms).
 """
 
 import collections
@@ -33,7 +35,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 from hvdtrain.core.elastic import HOSTS_VERSION_VARIABLE, STORE_VARIABLE
 from hvdtrain.core.exits import EXIT_COMMUNICATION, EXIT_HOSTS_UPDATED, NOT_RESTARTED
@@ -45,8 +47,19 @@ LONGEST_COOLDOWN_S = 3600  # Horovod's bound on --blacklist-cooldown-range
 
 
 @dataclass(frozen=True)
+class Terms:
+    """How the driver's messages name it, its options and where its hosts come from: hvdtrun's
+    flags, or the arguments of an API that drives its jobs with this loop (hvdtrain.ray)."""
+    launcher: str = "hvdtrun"
+    min_np: str = "--min-np"
+    reset_limit: str = "--reset-limit"
+    elastic_timeout: str = "--elastic-timeout"
+    discovered: str = "the discovery script found"
+
+
+@dataclass(frozen=True)
 class ElasticOptions:
-    discovery_script: Optional[str]  # None: the job's hosts are fixed_hosts
+    discovery_script: Optional[str]  # None: the job's hosts come from discovery, else are fixed_hosts
     min_np: int
     max_np: Optional[int]
     slots_per_host: int
@@ -54,6 +67,8 @@ class ElasticOptions:
     elastic_timeout_s: float
     blacklist_cooldown_s: Optional[Tuple[int, int]] = None  # (MIN, MAX); None: blacklisted for good
     fixed_hosts: Tuple[Host, ...] = ()
+    discovery: Optional[Callable[[], List[Host]]] = None  # finds the hosts, where no script does
+    terms: Terms = Terms()
 
 
 class Blacklist:
@@ -88,7 +103,10 @@ class DiscoveryError(Exception):
 
 
 def discover(options):
-    """The hosts the discovery script prints now, in its order; else the fixed hosts."""
+    """The hosts the discovery script prints now, in its order; else those `discovery` finds;
+    else the fixed hosts."""
+    if options.discovery is not None:
+        return options.discovery()
     if options.discovery_script is None:
         return list(options.fixed_hosts)
     try:
@@ -159,18 +177,19 @@ def watch_hosts(options, store, launched, stop, blacklist):
         try:
             found = blacklist.without(discover(options))
         except DiscoveryError as error:
-            print(f"hvdtrun: {error}; the job goes on on its hosts", file=sys.stderr, flush=True)
+            print(f"{options.terms.launcher}: {error}; the job goes on on its hosts", file=sys.stderr, flush=True)
             continue
         if found != launched:
             store.hosts_version += 1
-            print(f"hvdtrun: the hosts changed to {format_hosts(found)}; the job starts again on them at its "
+            print(f"{options.terms.launcher}: the hosts changed to {format_hosts(found)}; the job starts again "
+                  f"on them at its "
                   f"next commit", file=sys.stderr, flush=True)
             return
 
 
 def hosts_for_a_start(options, deadline, blacklist):
-    """The discovered hosts but the blacklisted, once they have --min-np slots, waiting until
-    `deadline`."""
+    """The discovered hosts but the blacklisted, once they have the job's least slots (--min-np),
+    waiting until `deadline`."""
     while True:
         found = discover(options)
         hosts = blacklist.without(found)
@@ -179,10 +198,11 @@ def hosts_for_a_start(options, deadline, blacklist):
         if time.monotonic() >= deadline:
             left_out = [host for host in found if host not in hosts]
             blacklisted = f", and blacklisted {format_hosts(left_out)}" if left_out else ""
-            found_by = "the discovery script found" if options.discovery_script else "the hosts given offer"
+            terms = options.terms
+            found_by = terms.discovered if options.discovery_script or options.discovery else "the hosts given offer"
             raise DiscoveryError(f"{found_by} {sum(h.slots for h in hosts)} slots "
-                                 f"({format_hosts(hosts) or 'no hosts'}){blacklisted}, fewer than --min-np "
-                                 f"{options.min_np}, for the whole --elastic-timeout")
+                                 f"({format_hosts(hosts) or 'no hosts'}){blacklisted}, fewer than {terms.min_np} "
+                                 f"{options.min_np}, for the whole {terms.elastic_timeout}")
         time.sleep(DISCOVERY_INTERVAL_S)
 
 
@@ -191,25 +211,33 @@ def format_hosts(hosts):
 
 
 def run_elastic(elastic, start_job, addresses, answering):
-    """Start and restart the job as the module says; returns hvdtrun's exit status.
-    `start_job(num_proc, hosts)` runs one job of `num_proc` ranks (hvdtrun's launch: the start
-    timeout, Ctrl-C) and returns its status; the ranks reach the commit store at this machine's
-    `addresses`; `answering(hosts)` are those of `hosts` that answer."""
+    """Start and restart the job as the module says; returns the exit status the launcher ends
+    with. `start_job(num_proc, hosts)` runs one job of `num_proc` ranks (hvdtrun's launch: the
+    start timeout, Ctrl-C) and returns its status; the ranks reach the commit store at this
+    machine's `addresses`; `answering(hosts)` are those of `hosts` that answer."""
+    terms = elastic.terms
+
+    def say(text):
+        print(f"{terms.launcher}: {text}", file=sys.stderr, flush=True)
+
     store = CommitStore()
     store_address = ",".join(["127.0.0.1", *addresses]) + f":{store.server_address[1]}"
     blacklist = Blacklist(elastic.blacklist_cooldown_s)
     resets = 0
+    # Put back afterwards: a process that goes on (a notebook's, hvdtrain.ray's driver) would
+    # hand them to its next, unrelated jobs.
+    before = {name: os.environ.get(name) for name in (STORE_VARIABLE, HOSTS_VERSION_VARIABLE, "HOROVOD_ELASTIC")}
     try:
         while True:
             try:
                 hosts = hosts_for_a_start(elastic, time.monotonic() + elastic.elastic_timeout_s, blacklist)
             except DiscoveryError as error:
-                print(f"hvdtrun: {error}", file=sys.stderr, flush=True)
+                say(str(error))
                 return 1
             slots = sum(host.slots for host in hosts)
             num_proc = min(slots, elastic.max_np or slots)
             job_hosts = placed(hosts, num_proc)
-            os.environ[STORE_VARIABLE] = store_address  # the ranks' environment is hvdtrun's
+            os.environ[STORE_VARIABLE] = store_address  # the ranks' environment is the launcher's
             os.environ[HOSTS_VERSION_VARIABLE] = str(store.hosts_version)
             os.environ["HOROVOD_ELASTIC"] = "1"
             stop = threading.Event()
@@ -220,31 +248,33 @@ def run_elastic(elastic, start_job, addresses, answering):
             finally:
                 stop.set()
             if status == 0 and store.runs > 0:
-                print("hvdtrun: mpirun ended with status 0, but hvd.elastic.run had not returned on rank 0 (mpirun "
-                      "ends so when it loses a host)", file=sys.stderr, flush=True)
+                say("mpirun ended with status 0, but hvd.elastic.run had not returned on rank 0 (mpirun ends so "
+                    "when it loses a host)")
                 status = EXIT_COMMUNICATION
             if status == 0:
                 return 0
             if status in NOT_RESTARTED or status == 130:
                 if status in NOT_RESTARTED:
-                    print(f"hvdtrun: the job failed (exit status {status}): {NOT_RESTARTED[status]}, so it is not "
-                          f"started again", file=sys.stderr, flush=True)
+                    say(f"the job failed (exit status {status}): {NOT_RESTARTED[status]}, so it is not started again")
                 return status
             resets += 1
             why = "the hosts changed" if status == EXIT_HOSTS_UPDATED else f"the job failed (exit status {status})"
             if elastic.reset_limit is not None and resets > elastic.reset_limit:
-                print(f"hvdtrun: {why}; it has been started again {resets - 1} times (--reset-limit "
-                      f"{elastic.reset_limit}), so it stops here", file=sys.stderr, flush=True)
+                say(f"{why}; it has been started again {resets - 1} times ({terms.reset_limit} "
+                    f"{elastic.reset_limit}), so it stops here")
                 return status or 1
             if status != EXIT_HOSTS_UPDATED:
                 reached = {host.host for host in answering(hosts)}
                 for host in hosts:
                     if host.host not in reached:
-                        print(f"hvdtrun: host {host.host} does not answer; it is blacklisted "
-                              f"{blacklist.add(host.host)}", file=sys.stderr, flush=True)
-            print(f"hvdtrun: {why}; starting it again from its last commit (reset {resets})", file=sys.stderr,
-                  flush=True)
+                        say(f"host {host.host} does not answer; it is blacklisted {blacklist.add(host.host)}")
+            say(f"{why}; starting it again from its last commit (reset {resets})")
     finally:
         store.shutdown()
         store.server_close()
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 

@@ -1,0 +1,124 @@
+"""hvdtrain.ray's elastic RayExecutor (min_workers) on a Ray cluster whose worker nodes are
+network-namespace hosts (ray_cluster.py): a Horovod Elastic function runs on as many workers as
+Ray's nodes hold, and when a node is lost it goes on, from its last commit, on the nodes left."""
+
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import ray
+
+from hvdtrain.ray import RayExecutor
+
+# The workers cannot import this test module: its functions travel by value, as those of a
+# driver's own script (__main__) do.
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def counts_steps(steps, progress=None, pause_s=0.0):
+    """A Horovod Elastic function of `steps` steps, each an allreduce whose exact sum says every rank
+    took part, and a commit; rank 0 writes the steps done to `progress`. Returns (rank, size, steps
+    done, the world sizes the state was trained on, in order, whether every sum was exact)."""
+    import torch
+
+    import hvdtrain.torch as hvd
+
+    hvd.init()
+
+    @hvd.elastic.run
+    def train(state):
+        while state.step < steps:
+            summed = hvd.allreduce(torch.ones(1), op=hvd.Sum, name="count").item()
+            state.exact = state.exact and summed == hvd.size()
+            if not state.sizes or state.sizes[-1] != hvd.size():
+                state.sizes = state.sizes + [hvd.size()]
+            state.step += 1
+            state.commit()
+            if progress and hvd.rank() == 0:
+                Path(progress).write_text(str(state.step))
+            time.sleep(pause_s)
+        return hvd.rank(), hvd.size(), state.step, state.sizes, state.exact
+
+    return train(hvd.elastic.ObjectState(step=0, sizes=[], exact=True))
+
+
+def test_an_elastic_run_takes_the_workers_the_nodes_hold_up_to_max_workers(ray_cluster):
+    executor = RayExecutor(RayExecutor.create_settings(timeout_s=60), min_workers=1, max_workers=2, cpus_per_worker=2)
+    executor.start()
+    try:
+        results = executor.run(counts_steps, args=(5,))
+    finally:
+        executor.shutdown()
+    assert results == [(0, 2, 5, [2], True), (1, 2, 5, [2], True)]
+
+
+def refuses_on_rank_1():
+    """A Horovod Elastic function whose rank 1 raises: a bug that every restart would meet."""
+    import torch
+
+    import hvdtrain.torch as hvd
+
+    hvd.init()
+
+    @hvd.elastic.run
+    def train(state):
+        if hvd.rank() == 1:
+            raise ValueError("rank 1 refuses on purpose")
+        return hvd.allreduce(torch.ones(1), name="never").item()
+
+    return train(hvd.elastic.ObjectState(step=0))
+
+
+def test_an_error_of_the_function_ends_the_elastic_run_without_a_restart(ray_cluster, capfd):
+    executor = RayExecutor(RayExecutor.create_settings(timeout_s=60), min_workers=2, max_workers=2, cpus_per_worker=2)
+    executor.start()
+    try:
+        with pytest.raises(RuntimeError, match=r"the elastic job ended with exit status 3: a rank raised an error "
+                                               r"that a restart would meet again"):
+            executor.run(refuses_on_rank_1)
+    finally:
+        executor.shutdown()
+    output = capfd.readouterr().err
+    assert "ValueError: rank 1 refuses on purpose" in output and "starting it again" not in output, output
+
+
+def steps_done(progress):
+    try:
+        return int(progress.read_text())
+    except (OSError, ValueError):  # not written yet, or being written
+        return 0
+
+
+def test_an_elastic_run_goes_on_from_its_last_commit_when_a_node_is_lost(netns_cluster, ray_cluster):
+    """A worker on each of the 3 nodes; once rank 0 has done 5 steps, all processes of the third
+    node are killed (a machine that goes down). The job fails, hvdtrain.ray looks for hosts again
+    (Ray may still count the node alive for a while: the workers it cannot place count as one
+    more failed start) and starts the function on the 2 nodes left, which goes on from its last
+    commit. Last in this module: the node stays down."""
+    # The progress file where every host sees it (the tests' temporary directory is the first host's alone)
+    shared = Path(tempfile.mkdtemp(prefix="hvdtrain-ray-elastic-", dir=Path(__file__).resolve().parent))
+    progress = shared / "steps"
+    executor = RayExecutor(RayExecutor.create_settings(timeout_s=60, placement_group_timeout_s=30), min_workers=2,
+                           cpus_per_worker=2)
+
+    def lose_a_node():
+        deadline = time.monotonic() + 180
+        while steps_done(progress) < 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        netns_cluster.hosts[2].kill_processes()
+
+    killer = threading.Thread(target=lose_a_node)
+    executor.start()
+    killer.start()
+    try:
+        results = executor.run(counts_steps, args=(40, str(progress), 0.2))
+    finally:
+        killer.join()
+        executor.shutdown()
+        shutil.rmtree(shared)
+    assert [result[:3] for result in results] == [(0, 2, 40), (1, 2, 40)], results
+    assert all(result[3:] == ([3, 2], True) for result in results), results
