@@ -13,6 +13,7 @@
   have imported it before; the cluster is reached only through its own bridge.
 """
 
+import collections
 import contextlib
 import os
 import shutil
@@ -23,7 +24,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Tuple
+from typing import Callable, List, Tuple
 
 from netns_cluster import free_port, kill_daemon, start_daemon
 
@@ -35,7 +36,8 @@ START_TIMEOUT_S = 120
 class RayCluster:
     address: str  # the head's GCS address, for ray.init(address=...)
     nodes: Tuple[Tuple[str, str], ...]  # (hostname, address) of each worker node
-    processes: Tuple[subprocess.Popen, ...]  # the `ray start --block` of the head, then of each node
+    processes: List[subprocess.Popen]  # each `ray start --block`: the head's, each node's, and nodes' started again
+    start_node: Callable[[int], None]  # starts the node of host INDEX again, after its processes were killed
 
 
 def missing_requirements():
@@ -63,12 +65,19 @@ def ray_cluster(netns, work_dir: Path):
                                        f"--port={address.rpartition(':')[2]}", "--num-cpus=0",
                                        "--include-dashboard=false", f"--temp-dir={sessions / 'head'}"],
                                       env, work_dir / "head.log"))
-        for index, host in enumerate(netns.hosts):
+        starts = collections.Counter()
+
+        def start_node(index):
+            host, starts[index] = netns.hosts[index], starts[index] + 1
             processes.append(start_daemon(host.with_own_hostname(
                 [ray, "start", "--block", f"--address={address}", f"--node-ip-address={host.address}",
-                 f"--num-cpus={CPUS_PER_NODE}", f"--temp-dir={sessions / f'node{index}'}"]),
-                env, work_dir / f"node{index}.log"))
-        cluster = RayCluster(address, tuple((host.namespace, host.address) for host in netns.hosts), tuple(processes))
+                 f"--num-cpus={CPUS_PER_NODE}", f"--temp-dir={sessions / f'node{index}-{starts[index]}'}"]),
+                env, work_dir / f"node{index}-{starts[index]}.log"))
+
+        for index in range(len(netns.hosts)):
+            start_node(index)
+        cluster = RayCluster(address, tuple((host.namespace, host.address) for host in netns.hosts), processes,
+                             start_node)
         _wait_for_nodes(cluster, len(netns.hosts), work_dir)
         yield cluster
     finally:

@@ -1,6 +1,7 @@
 """hvdtrain.ray's elastic RayExecutor (min_workers) on a Ray cluster whose worker nodes are
 network-namespace hosts (ray_cluster.py): a Horovod Elastic function runs on as many workers as
-Ray's nodes hold, and when a node is lost it goes on, from its last commit, on the nodes left."""
+Ray's nodes hold; when a node is lost it goes on, from its last commit, on the nodes left, and
+when a node joins, on all of them from its next commit."""
 
 import shutil
 import sys
@@ -98,27 +99,47 @@ def test_an_elastic_run_goes_on_from_its_last_commit_when_a_node_is_lost(netns_c
     node are killed (a machine that goes down). The job fails, hvdtrain.ray looks for hosts again
     (Ray may still count the node alive for a while: the workers it cannot place count as one
     more failed start) and starts the function on the 2 nodes left, which goes on from its last
-    commit. Last in this module: the node stays down."""
+    commit."""
+    results = run_changing_the_nodes(40, netns_cluster.hosts[2].kill_processes)
+    assert [result[:3] for result in results] == [(0, 2, 40), (1, 2, 40)], results
+    assert all(result[3:] == ([3, 2], True) for result in results), results
+
+
+def test_an_elastic_run_grows_from_its_next_commit_when_a_node_joins(netns_cluster, ray_cluster):
+    """The third node is down (killed, and Ray has seen it go) as the function starts on the 2
+    others; once rank 0 has done 5 steps the node starts again: the ranks end the job at their
+    next commit, and hvdtrain.ray starts the function on 3 workers, which goes on from there."""
+    netns_cluster.hosts[2].kill_processes()
+    deadline = time.monotonic() + 120
+    while sum(node["Alive"] and node["Resources"].get("CPU", 0) > 0 for node in ray.nodes()) > 2:
+        assert time.monotonic() < deadline, "Ray still counts the killed node alive after 120 s"
+        time.sleep(0.5)
+    results = run_changing_the_nodes(150, lambda: ray_cluster.start_node(2))
+    assert [result[:3] for result in results] == [(0, 3, 150), (1, 3, 150), (2, 3, 150)], results
+    assert all(result[3:] == ([2, 3], True) for result in results), results
+
+
+def run_changing_the_nodes(steps, change):
+    """The results of counts_steps(steps) on an elastic executor of a worker a node, at least 2,
+    where `change()` is called once rank 0 has done 5 steps."""
     # The progress file where every host sees it (the tests' temporary directory is the first host's alone)
     shared = Path(tempfile.mkdtemp(prefix="hvdtrain-ray-elastic-", dir=Path(__file__).resolve().parent))
     progress = shared / "steps"
     executor = RayExecutor(RayExecutor.create_settings(timeout_s=60, placement_group_timeout_s=30), min_workers=2,
                            cpus_per_worker=2)
 
-    def lose_a_node():
+    def change_after_5_steps():
         deadline = time.monotonic() + 180
         while steps_done(progress) < 5 and time.monotonic() < deadline:
             time.sleep(0.05)
-        netns_cluster.hosts[2].kill_processes()
+        change()
 
-    killer = threading.Thread(target=lose_a_node)
+    changer = threading.Thread(target=change_after_5_steps)
     executor.start()
-    killer.start()
+    changer.start()
     try:
-        results = executor.run(counts_steps, args=(40, str(progress), 0.2))
+        return executor.run(counts_steps, args=(steps, str(progress), 0.2))
     finally:
-        killer.join()
+        changer.join()
         executor.shutdown()
         shutil.rmtree(shared)
-    assert [result[:3] for result in results] == [(0, 2, 40), (1, 2, 40)], results
-    assert all(result[3:] == ([3, 2], True) for result in results), results
