@@ -2,10 +2,10 @@
 by restarts.
 
 Horovod changes a running job's members in place; an MPI job's members are fixed for its life.
-So under `hvdtrun --host-discovery-script ...` (hvdtrain/launch/hvdtrun/elastic.py), or hvdtrain.ray's
-elastic RayExecutor, which drives its jobs with the same loop, a change of hosts, or a failed rank,
-ends the job, and hvdtrun starts it again on the hosts there are, where the script goes on from
-its last commit without noticing:
+So under `hvdtrun --host-discovery-script ...` (hvdtrain/launch/hvdtrun/elastic.py), or
+hvdtrain.ray's elastic RayExecutor and hvdtrain.spark.run_elastic, which drive their jobs with the
+same loop, a change of hosts, or a failed rank, ends the job, and hvdtrun starts it again on the
+hosts there are, where the script goes on from its last commit without noticing:
 - `state.commit()` keeps the state in memory as Horovod's does, and rank 0 also sends it to
   hvdtrun's commit store (a socket of hvdtrun's; the address comes in HVDTRAIN_ELASTIC_STORE), so that it
   outlives the job and needs no shared file system;

@@ -18,9 +18,7 @@ another joins (then at the ranks' next commit). Its results are those of the sta
 import contextlib
 import functools
 import secrets
-import subprocess
 import sys
-import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional
 
@@ -29,14 +27,14 @@ from ray.util.placement_group import get_current_placement_group
 
 from hvdtrain.core.exits import EXIT_COMMUNICATION, NOT_RESTARTED
 from hvdtrain.launch import mpirun
-from hvdtrain.launch.hvdtrun.elastic import LONGEST_COOLDOWN_S, ElasticOptions, Terms, run_elastic
+from hvdtrain.launch.hvdtrun.elastic import (LONGEST_COOLDOWN_S, ElasticOptions, Terms, failed_start_status,
+                                             horovods_process_counts, run_elastic)
 from hvdtrain.launch.ray_placement import place
 from hvdtrain.launch.relay import RankEnded, RankFailed, mpirun_job
 from hvdtrain.run.hosts import Host
 
 ELASTIC_TERMS = Terms(launcher="hvdtrain.ray", min_np="min_workers", reset_limit="reset_limit",
                       elastic_timeout="elastic_timeout", discovered="Ray's alive nodes offer")
-JOB_END_WAIT_S = 30.0  # for mpirun to end once a rank or worker of an elastic start is gone
 
 
 @dataclass
@@ -195,7 +193,7 @@ class RayExecutor:
                     except RuntimeError as error:
                         if _own_error(error):
                             raise
-                    return _ended(process)
+                    return failed_start_status(process)
             # Ray could not place the workers (a node it still counts alive is gone, or others took
             # its resources), or one died before its rank started: the loop looks for hosts again.
             except (TimeoutError, RuntimeError) as error:
@@ -280,12 +278,7 @@ class ElasticRayExecutor:
         if others:
             raise ValueError(f"hvdtrain.ray: ElasticRayExecutor.create_settings does not take "
                              f"{', '.join(sorted(others))}")
-        if min_np is not None:
-            warnings.warn("min_np is deprecated, use min_num_proc instead", DeprecationWarning, stacklevel=2)
-            min_num_proc = min_np
-        if max_np is not None:
-            warnings.warn("max_np is deprecated, use max_num_proc instead", DeprecationWarning, stacklevel=2)
-            max_num_proc = max_np
+        min_num_proc, max_num_proc = horovods_process_counts(min_num_proc, max_num_proc, min_np, max_np)
         return ElasticRaySettings(min_num_proc, max_num_proc, reset_limit, elastic_timeout, timeout_s, nics,
                                   int(verbose), cooldown_range, ssh_identity_file)
 
@@ -354,14 +347,3 @@ def _own_error(error):
     """Whether `error`, which ended a start, is the function's own (or its executable's), which a
     restart would meet again; not a rank that ended or a worker that died with its node."""
     return isinstance(error, RankFailed) and not isinstance(error, RankEnded)
-
-
-def _ended(process):
-    """The exit status of a start whose call failed, as the elastic loop reads it: mpirun's, once
-    it ends (stopped after JOB_END_WAIT_S); a status of 0, or a stop, counts as a lost peer."""
-    try:
-        status = process.wait(timeout=JOB_END_WAIT_S)
-    except subprocess.TimeoutExpired:
-        mpirun.stop(process)
-        return EXIT_COMMUNICATION
-    return 128 - status if status < 0 else status or EXIT_COMMUNICATION

@@ -4,7 +4,6 @@ Ray's nodes hold; when a node is lost it goes on, from its last commit, on the n
 when a node joins, on all of them from its next commit."""
 
 import shutil
-import sys
 import tempfile
 import threading
 import time
@@ -14,37 +13,12 @@ import pytest
 import ray
 
 from hvdtrain.ray import RayExecutor
+from support import elastic_functions
+from support.elastic_functions import counts_steps, refuses_on_rank_1, when_steps_done
 
-# The workers cannot import this test module: its functions travel by value, as those of a
+# The workers cannot import the elastic functions' module: they travel by value, as those of a
 # driver's own script (__main__) do.
-ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-
-def counts_steps(steps, progress=None, pause_s=0.0):
-    """A Horovod Elastic function of `steps` steps, each an allreduce whose exact sum says every rank
-    took part, and a commit; rank 0 writes the steps done to `progress`. Returns (rank, size, steps
-    done, the world sizes the state was trained on, in order, whether every sum was exact)."""
-    import torch
-
-    import hvdtrain.torch as hvd
-
-    hvd.init()
-
-    @hvd.elastic.run
-    def train(state):
-        while state.step < steps:
-            summed = hvd.allreduce(torch.ones(1), op=hvd.Sum, name="count").item()
-            state.exact = state.exact and summed == hvd.size()
-            if not state.sizes or state.sizes[-1] != hvd.size():
-                state.sizes = state.sizes + [hvd.size()]
-            state.step += 1
-            state.commit()
-            if progress and hvd.rank() == 0:
-                Path(progress).write_text(str(state.step))
-            time.sleep(pause_s)
-        return hvd.rank(), hvd.size(), state.step, state.sizes, state.exact
-
-    return train(hvd.elastic.ObjectState(step=0, sizes=[], exact=True))
+ray.cloudpickle.register_pickle_by_value(elastic_functions)
 
 
 def test_an_elastic_run_takes_the_workers_the_nodes_hold_up_to_max_workers(ray_cluster):
@@ -55,23 +29,6 @@ def test_an_elastic_run_takes_the_workers_the_nodes_hold_up_to_max_workers(ray_c
     finally:
         executor.shutdown()
     assert results == [(0, 2, 5, [2], True), (1, 2, 5, [2], True)]
-
-
-def refuses_on_rank_1():
-    """A Horovod Elastic function whose rank 1 raises: a bug that every restart would meet."""
-    import torch
-
-    import hvdtrain.torch as hvd
-
-    hvd.init()
-
-    @hvd.elastic.run
-    def train(state):
-        if hvd.rank() == 1:
-            raise ValueError("rank 1 refuses on purpose")
-        return hvd.allreduce(torch.ones(1), name="never").item()
-
-    return train(hvd.elastic.ObjectState(step=0))
 
 
 def test_an_error_of_the_function_ends_the_elastic_run_without_a_restart(ray_cluster, capfd):
@@ -85,13 +42,6 @@ def test_an_error_of_the_function_ends_the_elastic_run_without_a_restart(ray_clu
         executor.shutdown()
     output = capfd.readouterr().err
     assert "ValueError: rank 1 refuses on purpose" in output and "starting it again" not in output, output
-
-
-def steps_done(progress):
-    try:
-        return int(progress.read_text())
-    except (OSError, ValueError):  # not written yet, or being written
-        return 0
 
 
 def test_an_elastic_run_goes_on_from_its_last_commit_when_a_node_is_lost(netns_cluster, ray_cluster):
@@ -128,13 +78,7 @@ def run_changing_the_nodes(steps, change):
     executor = RayExecutor(RayExecutor.create_settings(timeout_s=60, placement_group_timeout_s=30), min_workers=2,
                            cpus_per_worker=2)
 
-    def change_after_5_steps():
-        deadline = time.monotonic() + 180
-        while steps_done(progress) < 5 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        change()
-
-    changer = threading.Thread(target=change_after_5_steps)
+    changer = threading.Thread(target=when_steps_done, args=(progress, 5, change))
     executor.start()
     changer.start()
     try:

@@ -20,8 +20,9 @@ starting its job again (the script's side: hvdtrain/core/elastic.py):
 - every start after the first counts against --reset-limit;
 - the ranks run with HOROVOD_ELASTIC=1, as horovodrun's elastic ranks do: Horovod's
   DistributedOptimizer reduces even in a job of one rank then, as the world may grow.
-hvdtrain.ray's elastic RayExecutor drives its jobs with the same loop: its hosts are Ray's nodes
-(ElasticOptions.discovery), and its messages name its arguments (Terms).
+hvdtrain.ray's elastic RayExecutor and hvdtrain.spark.run_elastic drive their jobs with the same
+loop: their hosts are Ray's nodes or Spark's task slots (ElasticOptions.discovery), and their
+messages name their arguments (Terms).
 """
 
 import collections
@@ -34,6 +35,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Tuple
 
@@ -44,6 +46,9 @@ from hvdtrain.run.hosts import Host, HostsError, parse_host
 DISCOVERY_INTERVAL_S = 1.0  # Horovod's
 DISCOVERY_TIMEOUT_S = 30.0
 LONGEST_COOLDOWN_S = 3600  # Horovod's bound on --blacklist-cooldown-range
+JOB_END_WAIT_S = 30.0  # for mpirun to end once a rank of a start that failed is gone
+# What each start's ranks get from the driver's environment (run_elastic sets them there)
+ELASTIC_VARIABLES = (STORE_VARIABLE, HOSTS_VERSION_VARIABLE, "HOROVOD_ELASTIC")
 
 
 @dataclass(frozen=True)
@@ -206,6 +211,29 @@ def hosts_for_a_start(options, deadline, blacklist):
         time.sleep(DISCOVERY_INTERVAL_S)
 
 
+def horovods_process_counts(min_num_proc, max_num_proc, min_np, max_np, stacklevel=3):
+    """(min_num_proc, max_num_proc), which Horovod's APIs also take by their deprecated names
+    min_np and max_np, with Horovod's warnings; `stacklevel` points them at the user's call."""
+    if min_np is not None:
+        warnings.warn("min_np is deprecated, use min_num_proc instead", DeprecationWarning, stacklevel=stacklevel)
+        min_num_proc = min_np
+    if max_np is not None:
+        warnings.warn("max_np is deprecated, use max_num_proc instead", DeprecationWarning, stacklevel=stacklevel)
+        max_num_proc = max_np
+    return min_num_proc, max_num_proc
+
+
+def failed_start_status(process):
+    """The status of a start whose call failed, as run_elastic reads it: mpirun's, once it ends;
+    a status of 0 (Open MPI 5's mpirun ends so when it loses a host), or an mpirun still running
+    after JOB_END_WAIT_S (which its caller stops), counts as a lost peer."""
+    try:
+        status = process.wait(timeout=JOB_END_WAIT_S)
+    except subprocess.TimeoutExpired:
+        return EXIT_COMMUNICATION
+    return 128 - status if status < 0 else status or EXIT_COMMUNICATION
+
+
 def format_hosts(hosts):
     return ",".join(f"{host.host}:{host.slots}" for host in hosts)
 
@@ -226,7 +254,7 @@ def run_elastic(elastic, start_job, addresses, answering):
     resets = 0
     # Put back afterwards: a process that goes on (a notebook's, hvdtrain.ray's driver) would
     # hand them to its next, unrelated jobs.
-    before = {name: os.environ.get(name) for name in (STORE_VARIABLE, HOSTS_VERSION_VARIABLE, "HOROVOD_ELASTIC")}
+    before = {name: os.environ.get(name) for name in ELASTIC_VARIABLES}
     try:
         while True:
             try:

@@ -42,7 +42,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import cloudpickle
 
-from hvdtrain.launch.hvdtrun import command, rank_watch
+from hvdtrain.launch.hvdtrun import command, elastic, rank_watch
 from hvdtrain.launch.relay import RankFailed
 
 KEY_VARIABLE = "HVDTRAIN_FUNCTION_KEY"  # forwarded by mpirun, as every HVDTRAIN_ variable is
@@ -103,12 +103,8 @@ def _horovods_deprecated_names(num_proc, min_num_proc, max_num_proc, network_int
     if np is not None:
         num_proc = np
         warnings.warn("np is deprecated, use num_proc instead", DeprecationWarning, stacklevel=3)
-    if min_np is not None:
-        min_num_proc = min_np
-        warnings.warn("min_np is deprecated, use min_num_proc instead", DeprecationWarning, stacklevel=3)
-    if max_np is not None:
-        max_num_proc = max_np
-        warnings.warn("max_np is deprecated, use max_num_proc instead", DeprecationWarning, stacklevel=3)
+    min_num_proc, max_num_proc = elastic.horovods_process_counts(min_num_proc, max_num_proc, min_np, max_np,
+                                                                 stacklevel=4)
     return num_proc, min_num_proc, max_num_proc, network_interfaces
 
 

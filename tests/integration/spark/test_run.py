@@ -21,18 +21,6 @@ from hvdtrain.spark import RankFailed  # noqa: E402
 pyspark.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
-@pytest.fixture(scope="module")
-def spark():
-    from pyspark.sql import SparkSession
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("PYSPARK_PYTHON", sys.executable)  # the executors' Python: this environment's
-        session = (SparkSession.builder.master("local[2]").appName("hvdtrain-spark-tests")
-                   .config("spark.ui.enabled", "false").getOrCreate())
-        yield session
-        session.stop()
-
-
 def ranks_summary(offset):
     from hvdtrain import core
 
