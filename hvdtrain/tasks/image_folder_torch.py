@@ -286,7 +286,8 @@ class DeviceImages:
         out = torch.stack([self._transform(images[i], batch.samples[i].crop) for i in kept]) if kept \
             else torch.empty((0, 3, self.size, self.size), dtype=torch.uint8, device=self.device)
         out = ((out.float().div_(255) - self.mean) / self.std).to(self.dtype)
-        labels = batch.labels[kept].to(self.device, non_blocking=True)
+        # indexing would copy the labels out of pinned memory, making the copy to the GPU synchronous
+        labels = (batch.labels if len(kept) == len(images) else batch.labels[kept]).to(self.device, non_blocking=True)
         return out.contiguous(memory_format=self.memory_format), labels
 
     def _decode(self, batch):
