@@ -76,6 +76,12 @@ class CommitStore:
         host's (mpirun may end with status 0 when a host is lost)."""
         self._request("RETURNED")
 
+    def failed(self, status):
+        """Tell hvdtrun that this rank ends with `status`, for an error a restart would meet
+        again. mpirun's own status may be another's: a peer that MPI itself aborted on losing
+        this rank can be counted first, and a restart would then meet the error again."""
+        self._request(f"FAILED {status}")
+
 
 def commit_store():
     address = os.environ.get(STORE_VARIABLE)
@@ -206,6 +212,10 @@ def run_fn(func, bcast_object, get_rank):
                 traceback.print_exc()
                 print(f"hvdtrain: rank {get_rank()} raised {type(error).__name__}: {error}; a restart would meet it "
                       f"again, so the job is not started again", file=sys.stderr, flush=True)
+                try:
+                    store.failed(status)
+                except HorovodInternalError:
+                    pass  # the store is gone: mpirun's status is all the driver has
             _leave(status)
 
     wrapper.__wrapped__ = func

@@ -143,16 +143,18 @@ def placed(hosts, num_proc):
 
 class CommitStore(socketserver.ThreadingTCPServer):
     """The ranks' last commit (rank 0 sends it) and the version of the hosts, over TCP: one
-    request per connection (PUT n + n bytes, GET, VERSION, RETURNED), answered OK, DATA n + n
-    bytes, NONE or VERSION v. Rank 0 GETs as `hvd.elastic.run` begins and says RETURNED when its
-    function has returned: `runs` counts the runs a job began and has not ended so."""
+    request per connection (PUT n + n bytes, GET, VERSION, RETURNED, FAILED s), answered OK, DATA
+    n + n bytes, NONE or VERSION v. Rank 0 GETs as `hvd.elastic.run` begins and says RETURNED when
+    its function has returned: `runs` counts the runs a job began and has not ended so. A rank
+    whose function raised an error that a restart would meet again says FAILED with its status:
+    `failed`."""
 
     daemon_threads = True
     allow_reuse_address = True
 
     def __init__(self):
         super().__init__(("", 0), _StoreRequest)
-        self.commit, self.hosts_version, self.runs = None, 0, 0
+        self.commit, self.hosts_version, self.runs, self.failed = None, 0, 0, None
         threading.Thread(target=self.serve_forever, daemon=True).start()
 
 
@@ -165,6 +167,9 @@ class _StoreRequest(socketserver.StreamRequestHandler):
             self.wfile.write(b"OK 0\n")
         elif words[:1] == ["RETURNED"]:
             store.runs -= 1
+            self.wfile.write(b"OK 0\n")
+        elif words[:1] == ["FAILED"]:
+            store.failed = int(words[1])
             self.wfile.write(b"OK 0\n")
         elif words[:1] == ["GET"]:
             store.runs += 1
@@ -270,11 +275,13 @@ def run_elastic(elastic, start_job, addresses, answering):
             os.environ["HOROVOD_ELASTIC"] = "1"
             stop = threading.Event()
             threading.Thread(target=watch_hosts, args=(elastic, store, hosts, stop, blacklist), daemon=True).start()
-            store.runs = 0
+            store.runs, store.failed = 0, None
             try:
                 status = start_job(num_proc, job_hosts)
             finally:
                 stop.set()
+            if status != 0 and store.failed is not None:
+                status = store.failed  # a rank's own error, whichever status mpirun counted first
             if status == 0 and store.runs > 0:
                 say("mpirun ended with status 0, but hvd.elastic.run had not returned on rank 0 (mpirun ends so "
                     "when it loses a host)")

@@ -117,6 +117,20 @@ def test_a_job_ended_with_status_0_before_its_elastic_run_returned_is_started_ag
     assert "hvdtrun: mpirun ended with status 0, but hvd.elastic.run had not returned on rank 0" in said
 
 
+def test_a_ranks_own_error_ends_the_job_whatever_status_mpirun_counted_first(tmp_path, capsys):
+    """A rank whose function raised tells the store before it exits with 3; its peer, aborted by
+    MPI itself on losing it, may be the one whose status mpirun ends with (14 on the cluster)."""
+    from hvdtrain.core.elastic import commit_store
+
+    def raised_on_a_rank():
+        commit_store().failed(3)
+        return 14
+
+    status, starts, _ = _driver(tmp_path, [raised_on_a_rank, 0], answer={"a", "b"})
+    assert status == 3 and len(starts) == 1
+    assert "hvdtrun: the job failed (exit status 3): a rank raised an error" in capsys.readouterr().err
+
+
 def test_fixed_hosts_are_found_as_given_and_the_blacklisted_left_out(capsys):
     options = elastic.ElasticOptions(None, min_np=1, max_np=None, slots_per_host=1, reset_limit=None,
                                      elastic_timeout_s=5, fixed_hosts=(Host("a", 2), Host("b", 2)))
