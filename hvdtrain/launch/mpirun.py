@@ -119,6 +119,13 @@ def environment_problem(env):
 NO_BINDING = ("--bind-to", "none", "--map-by", "slot")  # Horovod's launcher's, with Open MPI
 
 
+def interface_args(interfaces: Sequence[str]) -> List[str]:
+    """Open MPI's arguments that keep its traffic on `interfaces` (names or CIDR): the ranks'
+    (btl_tcp_if_include) and its daemons' (oob_tcp_if_include)."""
+    joined = ",".join(interfaces)
+    return ["--mca", "btl_tcp_if_include", joined, "--mca", "oob_tcp_if_include", joined]
+
+
 def mpirun_command(program: Sequence[str], hosts: Optional[List[Host]] = None, num_proc: Optional[int] = None,
                    env: Optional[dict] = None, extra_args: Sequence[str] = (),
                    binding: Sequence[str] = NO_BINDING) -> List[str]:

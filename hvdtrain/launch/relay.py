@@ -49,6 +49,13 @@ class RankEnded(RankFailed):
     """A rank ended before it answered: killed, or stopped by the job because another rank failed."""
 
 
+def raised_by_the_function(error):
+    """Whether `error`, which ended a call, is the error of the function the ranks ran (or of
+    their executable), which a restart would meet again; not a rank that ended (killed, or its
+    peers lost) or anything else that ended the call."""
+    return isinstance(error, RankFailed) and not isinstance(error, RankEnded)
+
+
 class RankSeat(NamedTuple):
     """Where a rank will run: its host (the address mpirun is given) and the relay of its process."""
     host: str

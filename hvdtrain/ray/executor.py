@@ -30,7 +30,7 @@ from hvdtrain.launch import mpirun
 from hvdtrain.launch.hvdtrun.elastic import (LONGEST_COOLDOWN_S, ElasticOptions, Terms, failed_start_status,
                                              horovods_process_counts, run_elastic)
 from hvdtrain.launch.ray_placement import place
-from hvdtrain.launch.relay import RankEnded, RankFailed, mpirun_job
+from hvdtrain.launch.relay import RankEnded, RankFailed, mpirun_job, raised_by_the_function
 from hvdtrain.run.hosts import Host
 
 ELASTIC_TERMS = Terms(launcher="hvdtrain.ray", min_np="min_workers", reset_limit="reset_limit",
@@ -131,10 +131,7 @@ class RayExecutor:
         except TimeoutError as error:
             raise TimeoutError(f"hvdtrain.ray: {error} (placement_group_timeout_s)") from None
         try:
-            nic_args = []
-            if self.settings.nics:
-                interfaces = ",".join(sorted(self.settings.nics))
-                nic_args = ["--mca", "oob_tcp_if_include", interfaces, "--mca", "btl_tcp_if_include", interfaces]
+            nic_args = mpirun.interface_args(sorted(self.settings.nics)) if self.settings.nics else []
             command, env = mpirun_job(self._placement.seats, self._key, extra_mpi_args=nic_args)
             if self.settings.verbose >= 2:
                 print("hvdtrain.ray:", " ".join(command), file=sys.stderr)
@@ -191,13 +188,13 @@ class RayExecutor:
                         results[:] = self._get(self._calls(fn), "to finish")
                         return 0
                     except RuntimeError as error:
-                        if _own_error(error):
+                        if raised_by_the_function(error):
                             raise
                     return failed_start_status(process)
             # Ray could not place the workers (a node it still counts alive is gone, or others took
             # its resources), or one died before its rank started: the loop looks for hosts again.
             except (TimeoutError, RuntimeError) as error:
-                if _own_error(error):
+                if raised_by_the_function(error):
                     raise
                 print(error if str(error).startswith("hvdtrain.ray: ") else f"hvdtrain.ray: {error}", file=sys.stderr,
                       flush=True)
@@ -341,9 +338,3 @@ def _elastic_options(num_workers, num_hosts, cpus_per_worker, gpus_per_worker, m
                           blacklist_cooldown_s=tuple(cooldown_range) if cooldown_range else None,
                           discovery=functools.partial(ray_hosts, cpus_per_worker, gpus_per_worker),
                           terms=ELASTIC_TERMS)
-
-
-def _own_error(error):
-    """Whether `error`, which ended a start, is the function's own (or its executable's), which a
-    restart would meet again; not a rank that ended or a worker that died with its node."""
-    return isinstance(error, RankFailed) and not isinstance(error, RankEnded)

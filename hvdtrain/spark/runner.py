@@ -28,7 +28,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from hvdtrain.core.exits import EXIT_COMMUNICATION, NOT_RESTARTED
 from hvdtrain.launch import mpirun
 from hvdtrain.launch.hvdtrun import elastic
-from hvdtrain.launch.relay import RankEnded, RankFailed, RankRelay, RankSeat, host_by_host, mpirun_job
+from hvdtrain.launch.relay import (RankEnded, RankFailed, RankRelay, RankSeat, host_by_host, mpirun_job,
+                                   raised_by_the_function)
 from hvdtrain.run.hosts import Host
 
 START_TIMEOUT_VARIABLE = "HOROVOD_SPARK_START_TIMEOUT"  # Horovod's, read where start_timeout is not given
@@ -51,9 +52,8 @@ def run(fn: Callable[..., Any], args: Sequence = (), kwargs: Optional[Dict] = No
     naming it."""
     context = _active_context("hvdtrain.spark.run")
     job = _Start("hvdtrain.spark.run", context, (fn, tuple(args), dict(kwargs or {})), _start_timeout(start_timeout),
-                 os.environ if env is None else env, stdout, stderr, verbose,
-                 _mpi_args(extra_mpi_args, prefix_output_with_timestamp))
-    results, failure, _ = job.run(num_proc or context.defaultParallelism)
+                 stdout, stderr, verbose, _mpi_args(extra_mpi_args, prefix_output_with_timestamp))
+    results, failure, _ = job.run(num_proc or context.defaultParallelism, os.environ if env is None else env)
     if failure is not None:
         raise failure
     return results
@@ -80,22 +80,19 @@ def run_elastic(fn: Callable[..., Any], args: Sequence = (), kwargs: Optional[Di
                          f"max_num_proc {max_num_proc}")
     if elastic_timeout is None:
         elastic_timeout = float(os.environ.get(ELASTIC_TIMEOUT_VARIABLE, DEFAULT_ELASTIC_TIMEOUT_S))
-    nic_args = []
-    if nics:
-        interfaces = ",".join(sorted(nics))
-        nic_args = ["--mca", "oob_tcp_if_include", interfaces, "--mca", "btl_tcp_if_include", interfaces]
+    nic_args = mpirun.interface_args(sorted(nics)) if nics else []
     base_env = os.environ if env is None else env
     job = _Start("hvdtrain.spark.run_elastic", context, (fn, tuple(args), dict(kwargs or {})),
-                 _start_timeout(start_timeout), base_env, stdout, stderr, verbose,
+                 _start_timeout(start_timeout), stdout, stderr, verbose,
                  nic_args + _mpi_args(None, prefix_output_with_timestamp))
     results = []
 
     def start_job(num_proc, hosts):
         # the commit store's address and the hosts' version, which run_elastic puts in this
         # process's environment, reach the ranks also where the caller gave an environment
-        job.env = {**base_env, **{name: os.environ[name] for name in elastic.ELASTIC_VARIABLES}}
+        start_env = {**base_env, **{name: os.environ[name] for name in elastic.ELASTIC_VARIABLES}}
         try:
-            made, failure, status = job.run(num_proc, restarted=True)
+            made, failure, status = job.run(num_proc, start_env, restarted=True)
         # The tasks did not all start (an executor Spark still counted is gone), or the stage
         # ended before they did: the loop looks at Spark's slots again.
         except (TimeoutError, RuntimeError) as error:
@@ -103,8 +100,8 @@ def run_elastic(fn: Callable[..., Any], args: Sequence = (), kwargs: Optional[Di
             return EXIT_COMMUNICATION
         if failure is None:
             results[:] = made
-        elif isinstance(failure, RankFailed) and not isinstance(failure, RankEnded):
-            raise failure  # the function's own error, which a restart would meet again
+        elif raised_by_the_function(failure):
+            raise failure  # a restart would meet it again
         return status
 
     options = elastic.ElasticOptions(None, min_np=min_num_proc, max_np=max_num_proc, slots_per_host=1,
@@ -148,14 +145,15 @@ def _task_slots(context):
 class _Start:
     """One start of a job: a barrier stage of tasks, one rank each, run by mpirun through their relays."""
 
-    def __init__(self, caller, context, call, start_timeout, env, stdout, stderr, verbose, mpi_args):
+    def __init__(self, caller, context, call, start_timeout, stdout, stderr, verbose, mpi_args):
         self.caller, self.context, self.call, self.start_timeout = caller, context, call, start_timeout
-        self.env, self.stdout, self.stderr, self.verbose, self.mpi_args = env, stdout, stderr, verbose, mpi_args
+        self.stdout, self.stderr, self.verbose, self.mpi_args = stdout, stderr, verbose, mpi_args
 
-    def run(self, num_proc, restarted=False):
-        """(results in rank order, None, 0), or (None, the failure, mpirun's status where the
-        job may be `restarted`, which waits for it) where a rank failed or the Spark job did;
-        TimeoutError or RuntimeError where the tasks did not all start."""
+    def run(self, num_proc, env, restarted=False):
+        """`num_proc` ranks with the environment `env`: (results in rank order, None, 0), or
+        (None, the failure, mpirun's status where the job may be `restarted`, which waits for it)
+        where a rank failed or the Spark job did; TimeoutError or RuntimeError where the tasks did
+        not all start."""
         key = secrets.token_bytes(32)
         with Listener((self.context.getConf().get("spark.driver.host"), 0), family="AF_INET", authkey=key) as service:
             job = _SparkJob(self.context, num_proc, "%s:%d" % service.address, key, self.call, self.start_timeout,
@@ -164,7 +162,7 @@ class _Start:
             tasks = [tasks[index] for index in host_by_host([host for _, host, _, _ in tasks])]
             for rank, (_, _, _, connection) in enumerate(tasks):
                 connection.send((rank, {}))
-            command, job_env = mpirun_job([RankSeat(host, relay) for _, host, relay, _ in tasks], key, env=self.env,
+            command, job_env = mpirun_job([RankSeat(host, relay) for _, host, relay, _ in tasks], key, env=env,
                                           extra_mpi_args=self.mpi_args)
             if self.verbose >= 2:
                 print(f"{self.caller}:", " ".join(command), file=sys.stderr)

@@ -435,8 +435,7 @@ def mpirun_extra_args(options):
                *(["timestamp"] if options.prefix_output_with_timestamp else [])]
     args = ["--output", ",".join(outputs)] if outputs else []
     if options.network_interfaces:
-        interfaces = ",".join(options.network_interfaces)
-        args += ["--mca", "btl_tcp_if_include", interfaces, "--mca", "oob_tcp_if_include", interfaces]
+        args += mpirun.interface_args(options.network_interfaces)
     if options.tcp:
         args += ["--mca", "pml", "ob1", "--mca", "btl", "self,sm,tcp"]
     ssh_args = [*(["-p", str(options.ssh_port)] if options.ssh_port else []),

@@ -192,8 +192,7 @@ def watch_hosts(options, store, launched, stop, blacklist):
         if found != launched:
             store.hosts_version += 1
             print(f"{options.terms.launcher}: the hosts changed to {format_hosts(found)}; the job starts again "
-                  f"on them at its "
-                  f"next commit", file=sys.stderr, flush=True)
+                  f"on them at its next commit", file=sys.stderr, flush=True)
             return
 
 
