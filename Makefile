@@ -8,10 +8,14 @@ STAMP  := $(VENV)/.installed-stamp
 # uv installs the 8 GB of wheels (torch is a CUDA build) in about a minute where pip takes three.
 # It compiles the bytecode as pip does: every rank imports torch and TensorFlow from it, and where
 # PYTHONDONTWRITEBYTECODE is set no process would keep what it compiled.
+# PyPI has pyspark only as a source distribution, and where the index's answers come back stale
+# (as on our machines) uv builds it again at each install and keeps every build, 1.4 GB each,
+# as a new revision of its cache: the prune keeps the newest, so fresh clones cannot fill the disk.
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PYTHON) || python3 -m venv $(VENV)
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check -c constraints.txt uv
 	$(VENV)/bin/uv pip install --quiet --python $(PYTHON) --compile-bytecode -c constraints.txt -e '.[mpi,tf,gpu,dev,slurm,ray,spark]'
+	$(VENV)/bin/uv cache prune --quiet
 	@touch $(STAMP)
 
 run: $(STAMP)
