@@ -167,7 +167,7 @@ class ObjectState(State):
             self._set_attrs()
 
     def saved_bytes(self):
-        return pickle.dumps(self._saved_state)
+        return state_bytes(pickle.dumps, self._saved_state, self._saved_state)
 
     def load_saved_bytes(self, data):
         self._saved_state = pickle.loads(data)
@@ -176,6 +176,22 @@ class ObjectState(State):
     def _set_attrs(self):
         for name, value in self._saved_state.items():
             setattr(self, name, copy.deepcopy(value))
+
+
+def state_bytes(dumps, saved, attributes):
+    """dumps(saved): a state's saved attributes (`attributes`, by name) as bytes for the commit
+    store. Where they cannot be, a TypeError naming the attribute at fault: Horovod keeps commits
+    in memory, so a script written for it may hold objects that do not pickle."""
+    try:
+        return dumps(saved)
+    except Exception as error:
+        for name, value in attributes.items():
+            try:
+                dumps(value)
+            except Exception:
+                raise TypeError(f"hvd.elastic: the state's {name!r} ({type(value).__name__}) cannot be kept across "
+                                f"a restart: {error}") from error
+        raise
 
 
 def run_fn(func, bcast_object, get_rank):

@@ -38,8 +38,10 @@ class RankActor:
     def start_executable(self, cls, args, kwargs, timeout_s: float):
         self.relay.call("start", (cls, args, kwargs), timeout_s)
 
-    def execute(self, fn, timeout_s: Optional[float] = None):
-        return self.relay.call("execute", fn, timeout_s)
+    def execute(self, fn, timeout_s: Optional[float] = None, logged=None):
+        """fn's result on the rank; what the rank logs meanwhile goes into the `logged` queue
+        (a ray.util.queue.Queue), for the driver's callbacks."""
+        return self.relay.call("execute", fn, timeout_s, on_sent=logged.put if logged is not None else None)
 
     def close(self):
         self.relay.close()

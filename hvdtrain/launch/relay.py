@@ -23,8 +23,8 @@ import time
 import traceback
 from collections import Counter, OrderedDict
 from multiprocessing import AuthenticationError
-from multiprocessing.connection import Client, Listener
-from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+from multiprocessing.connection import Client, Connection, Listener
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import cloudpickle
 
@@ -38,6 +38,8 @@ RELAYS_VARIABLE = "HVDTRAIN_RANK_RELAYS"  # the relay of each rank, in rank orde
 HOST_RELAYS_VARIABLE = "HVDTRAIN_HOST_RELAYS"
 AGENT_CONNECTION_FAILED = 255  # what ssh exits with when it cannot reach the host
 STOP_GRACE_S = 5.0
+# In a rank's process: its link to its relay, and the lock that keeps two threads' messages whole.
+_to_relay: Optional[Tuple[Connection, threading.Lock]] = None
 
 
 class RankFailed(RuntimeError):
@@ -170,19 +172,29 @@ class RankRelay:
             self._link = link
         return self._link
 
-    def call(self, kind: str, payload, timeout_s: float):
+    def call(self, kind: str, payload, timeout_s: float, on_sent: Optional[Callable[[Any], None]] = None):
         """Have the rank run `payload` (kind "start": (class, args, kwargs), whose instance it
         keeps; kind "execute": a function of that instance, None before any start) and return
-        the result; RankFailed if it raises or ends."""
+        the result; RankFailed if it raises or ends. What the rank sends meanwhile
+        (send_to_caller) goes to `on_sent`, in order; its first error is raised once the rank
+        has answered, so that the link stays in step."""
         link = self._rank_link(timeout_s)
+        failed = None
         try:
             link.send((kind, cloudpickle.dumps(payload)))
-            answer = link.recv()
+            while (answer := link.recv())[0] == "sent":
+                try:
+                    if on_sent is not None:
+                        on_sent(cloudpickle.loads(answer[1]))
+                except Exception as error:  # raised below, after the answer
+                    failed = failed or error
         except (EOFError, OSError):
             self._link = None
             raise RankEnded(f"rank {self.rank} ({self.address}) ended before it answered; "
                              "the job's output says why") from None
         if answer[0] == "ok":
+            if failed is not None:
+                raise failed
             return cloudpickle.loads(answer[1])
         _, error, text = answer
         raise RankFailed(f"rank {self.rank} ({self.address}) failed: {text}") from error
@@ -286,11 +298,30 @@ def agent(host: str, *words: str) -> int:
         return AGENT_CONNECTION_FAILED
 
 
+def send_to_caller(value) -> bool:
+    """In a rank started through a relay, while it runs a call: send `value` to the caller (the
+    relay's `call` hands it to its `on_sent`). False in any other process."""
+    if _to_relay is None:
+        return False
+    link, sending = _to_relay
+    with sending:
+        link.send(("sent", cloudpickle.dumps(value)))
+    return True
+
+
+def _answer(message):
+    link, sending = _to_relay
+    with sending:
+        link.send(message)
+
+
 def rank() -> int:
     """A rank: connect to this rank's relay, then run what it sends until it says stop or goes."""
+    global _to_relay
     rank_number = int(os.environ["OMPI_COMM_WORLD_RANK"])
     relay = os.environ[RELAYS_VARIABLE].split(",")[rank_number]
     link = Client(_address(relay), family="AF_INET", authkey=bytes.fromhex(os.environ[KEY_VARIABLE]))
+    _to_relay = link, threading.Lock()
     link.send(("rank", rank_number))
     executable = None
     while True:
@@ -311,13 +342,13 @@ def rank() -> int:
                 result = None
             else:
                 result = function(executable)
-            link.send(("ok", cloudpickle.dumps(result)))
+            _answer(("ok", cloudpickle.dumps(result)))
         except Exception as error:  # the function's error goes to the caller, with the rank's traceback
             text = f"{type(error).__name__}: {error}\n{traceback.format_exc()}"
             try:
-                link.send(("error", error, text))
+                _answer(("error", error, text))
             except Exception:  # an error that does not pickle travels as its text
-                link.send(("error", None, text))
+                _answer(("error", None, text))
 
 
 def main(argv: Sequence[str]) -> int:
@@ -330,4 +361,8 @@ def main(argv: Sequence[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    # Run as the module the rank's functions import (send_to_caller's link lives there), not as
+    # this copy of it named __main__.
+    from hvdtrain.launch import relay
+
+    sys.exit(relay.main(sys.argv[1:]))

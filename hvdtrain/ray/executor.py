@@ -19,11 +19,13 @@ import contextlib
 import functools
 import secrets
 import sys
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional
 
 import ray
 from ray.util.placement_group import get_current_placement_group
+from ray.util.queue import Empty, Queue
 
 from hvdtrain.core.exits import EXIT_COMMUNICATION, NOT_RESTARTED
 from hvdtrain.launch import mpirun
@@ -33,6 +35,7 @@ from hvdtrain.launch.ray_placement import place
 from hvdtrain.launch.relay import RankEnded, RankFailed, mpirun_job, raised_by_the_function
 from hvdtrain.run.hosts import Host
 
+HAND_OVER_POLL_S = 0.1  # how long the driver's callback thread waits for a logged value at a time
 ELASTIC_TERMS = Terms(launcher="hvdtrain.ray", min_np="min_workers", reset_limit="reset_limit",
                       elastic_timeout="elastic_timeout", discovered="Ray's alive nodes offer")
 
@@ -143,26 +146,30 @@ class RayExecutor:
             self._placement.close()
             self._placement = None
 
-    def execute(self, fn: Callable[[Any], Any], callbacks=None) -> List[Any]:
-        """`fn(executable)` on every worker; the results in rank order."""
-        if self.elastic is not None:
-            return self._run_elastic(fn)
-        return self._get(self._calls(fn), "to finish")
+    def execute(self, fn: Callable[[Any], Any], callbacks: Optional[List[Callable[[Any], Any]]] = None) -> List[Any]:
+        """`fn(executable)` on every worker; the results in rank order. Each of `callbacks` is
+        called on the driver with each value the ranks log (`hvdtrain.ray.ray_logger.log`)."""
+        with _handing_to(callbacks) as logged:
+            if self.elastic is not None:
+                return self._run_elastic(fn, logged)
+            return self._get(self._calls(fn, logged), "to finish")
 
     def run(self, fn: Callable[..., Any], args: Optional[List] = None, kwargs: Optional[Dict] = None,
-            callbacks=None) -> List[Any]:
-        """`fn(*args, **kwargs)` on every worker; the results in rank order."""
+            callbacks: Optional[List[Callable[[Any], Any]]] = None) -> List[Any]:
+        """`fn(*args, **kwargs)` on every worker; the results in rank order. Each of `callbacks`
+        is called on the driver with each value the ranks log (`hvdtrain.ray.ray_logger.log`)."""
         args, kwargs = list(args or []), dict(kwargs or {})
-        if self.elastic is not None:
-            return self._run_elastic(lambda _: fn(*args, **kwargs))
-        return self._get(self.run_remote(fn, args, kwargs), "to finish")
+        return self.execute(lambda _: fn(*args, **kwargs), callbacks)
 
     def run_remote(self, fn: Callable[..., Any], args: Optional[List] = None,
-                   kwargs: Optional[Dict] = None) -> List["ray.ObjectRef"]:
+                   kwargs: Optional[Dict] = None, callbacks=None) -> List["ray.ObjectRef"]:
         """As `run`, but the object references of the results, at once."""
         if self.elastic is not None:
             raise NotImplementedError("hvdtrain.ray: an elastic RayExecutor has no run_remote: its workers last "
                                       "one start of the job; use run")
+        if callbacks:
+            raise NotImplementedError("hvdtrain.ray: run_remote returns before the ranks log anything, so it "
+                                      "cannot call callbacks; use run or execute")
         args, kwargs = list(args or []), dict(kwargs or {})
         return self._calls(lambda _: fn(*args, **kwargs))
 
@@ -172,10 +179,10 @@ class RayExecutor:
             raise NotImplementedError("hvdtrain.ray: an elastic RayExecutor has no execute_single; use execute")
         return self._get([self.workers[0].execute.remote(fn)], "to finish")[0]
 
-    def _run_elastic(self, fn):
+    def _run_elastic(self, fn, logged):
         """`fn(executable)` on every rank of each start of the elastic job, until one start
         finishes; its results in rank order. A function that raises ends the job at once: a
-        restart would meet its error again."""
+        restart would meet its error again. What the ranks log goes into `logged`."""
         if self._started is None:
             raise RuntimeError("hvdtrain.ray: call start() before running functions")
         environment, executable = self._started
@@ -185,7 +192,7 @@ class RayExecutor:
             try:
                 with self._job_on(num_proc, environment, executable) as process:
                     try:
-                        results[:] = self._get(self._calls(fn), "to finish")
+                        results[:] = self._get(self._calls(fn, logged), "to finish")
                         return 0
                     except RuntimeError as error:
                         if raised_by_the_function(error):
@@ -210,10 +217,10 @@ class RayExecutor:
                                f"{NOT_RESTARTED.get(status, 'see the messages above')}")
         return results
 
-    def _calls(self, fn):
+    def _calls(self, fn, logged=None):
         if not self.workers:
             raise RuntimeError("hvdtrain.ray: call start() before running functions")
-        return [worker.execute.remote(fn) for worker in self.workers]
+        return [worker.execute.remote(fn, logged=logged) for worker in self.workers]
 
     def _get(self, refs, waiting_for):
         """The workers' results in rank order. On a failure, the most telling of the failures
@@ -246,6 +253,48 @@ class RayExecutor:
                 ray.get(worker.close.remote(), timeout=10)
         self._job.close()
         self._started = None
+
+
+@contextlib.contextmanager
+def _handing_to(callbacks):
+    """A queue for what the ranks log during the block (None without callbacks), whose values
+    a thread of the driver hands to each callback as they arrive; the rest once the block ends.
+    A callback's error stops the handing over and is raised at the end of the block, unless the
+    block raised (that error says more)."""
+    if not callbacks:
+        yield None
+        return
+    # A queue of no resources, outside any placement group the caller runs in (a Ray Tune trial's)
+    logged = Queue(actor_options={"num_cpus": 0, "scheduling_strategy": "DEFAULT"})
+    block_ended = threading.Event()
+    failed = []
+
+    def hand_over():
+        while True:
+            try:
+                value = logged.get(timeout=HAND_OVER_POLL_S)
+            except Empty:
+                if block_ended.is_set():
+                    return
+                continue
+            if failed:
+                continue
+            try:
+                for callback in callbacks:
+                    callback(value)
+            except Exception as error:  # raised to the caller when the block ends
+                failed.append(error)
+
+    thread = threading.Thread(target=hand_over, name="hvdtrain-ray-callbacks", daemon=True)
+    thread.start()
+    try:
+        yield logged
+    finally:
+        block_ended.set()
+        thread.join()
+        logged.shutdown()
+    if failed:
+        raise failed[0]
 
 
 @dataclass

@@ -58,6 +58,16 @@ def rank_of_this_process():
     return core.rank()
 
 
+def logs_three_values():
+    from hvdtrain import core
+    from hvdtrain.ray import ray_logger
+
+    core.init()
+    for step in range(3):
+        ray_logger.log({"rank": core.rank(), "step": step})
+    return core.rank()
+
+
 @pytest.fixture(scope="class")
 def two_hosts(ray_cluster):
     """2 hosts of 2 workers, each worker holding a Counter(10, step=5)."""
@@ -90,6 +100,23 @@ class TestTwoHostsOfTwoWorkers:
         assert two_hosts.execute(Counter.bump) == [15] * 4
         assert two_hosts.execute(Counter.bump) == [20] * 4
         assert two_hosts.execute_single(lambda counter: counter.count) == 20
+
+    def test_the_callbacks_get_every_value_the_ranks_log_each_ranks_in_order(self, two_hosts):
+        first, second = [], []
+        assert two_hosts.run(logs_three_values, callbacks=[first.append, second.append]) == [0, 1, 2, 3]
+        assert first == second
+        assert sorted(first, key=lambda value: (value["rank"], value["step"])) == \
+            [{"rank": rank, "step": step} for rank in range(4) for step in range(3)]
+        for rank in range(4):
+            assert [value["step"] for value in first if value["rank"] == rank] == [0, 1, 2]
+
+    def test_a_callbacks_error_is_raised_once_the_ranks_have_answered(self, two_hosts):
+        def refuses(value):
+            raise ValueError(f"the callback refuses {value}")
+
+        with pytest.raises(ValueError, match="the callback refuses"):
+            two_hosts.run(logs_three_values, callbacks=[refuses])
+        assert two_hosts.run(rank_of_this_process) == [0, 1, 2, 3]
 
     def test_run_remote_returns_object_refs_in_rank_order(self, two_hosts):
         refs = two_hosts.run_remote(rank_of_this_process)

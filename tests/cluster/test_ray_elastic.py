@@ -49,10 +49,14 @@ def test_an_elastic_run_goes_on_from_its_last_commit_when_a_node_is_lost(netns_c
     node are killed (a machine that goes down). The job fails, hvdtrain.ray looks for hosts again
     (Ray may still count the node alive for a while: the workers it cannot place count as one
     more failed start) and starts the function on the 2 nodes left, which goes on from its last
-    commit."""
-    results = run_changing_the_nodes(40, netns_cluster.hosts[2].kill_processes)
+    commit. The run's callbacks get what rank 0 logged in both starts."""
+    logged = []
+    results = run_changing_the_nodes(40, netns_cluster.hosts[2].kill_processes, callbacks=[logged.append])
     assert [result[:3] for result in results] == [(0, 2, 40), (1, 2, 40)], results
     assert all(result[3:] == ([3, 2], True) for result in results), results
+    sizes = [size for _, size in logged]
+    assert sizes == sorted(sizes, reverse=True) and sizes[0] == 3 and sizes[-1] == 2, logged
+    assert sorted({step for step, _ in logged}) == list(range(1, 41)), logged
 
 
 def test_an_elastic_run_grows_from_its_next_commit_when_a_node_joins(netns_cluster, ray_cluster):
@@ -69,9 +73,10 @@ def test_an_elastic_run_grows_from_its_next_commit_when_a_node_joins(netns_clust
     assert all(result[3:] == ([2, 3], True) for result in results), results
 
 
-def run_changing_the_nodes(steps, change):
+def run_changing_the_nodes(steps, change, callbacks=None):
     """The results of counts_steps(steps) on an elastic executor of a worker a node, at least 2,
-    where `change()` is called once rank 0 has done 5 steps."""
+    where `change()` is called once rank 0 has done 5 steps; with `callbacks`, its rank 0 logs
+    (steps done, size) to them at each step."""
     # The progress file where every host sees it (the tests' temporary directory is the first host's alone)
     shared = Path(tempfile.mkdtemp(prefix="hvdtrain-ray-elastic-", dir=Path(__file__).resolve().parent))
     progress = shared / "steps"
@@ -82,7 +87,8 @@ def run_changing_the_nodes(steps, change):
     executor.start()
     changer.start()
     try:
-        return executor.run(counts_steps, args=(steps, str(progress), 0.2))
+        return executor.run(counts_steps, args=(steps, str(progress), 0.2, callbacks is not None),
+                            callbacks=callbacks)
     finally:
         changer.join()
         executor.shutdown()

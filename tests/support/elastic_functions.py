@@ -7,10 +7,11 @@ import time
 from pathlib import Path
 
 
-def counts_steps(steps, progress=None, pause_s=0.0):
+def counts_steps(steps, progress=None, pause_s=0.0, ray_log=False):
     """A Horovod Elastic function of `steps` steps, each an allreduce whose exact sum says every rank
-    took part, and a commit; rank 0 writes the steps done to `progress`. Returns (rank, size, steps
-    done, the world sizes the state was trained on, in order, whether every sum was exact)."""
+    took part, and a commit; rank 0 writes the steps done to `progress` and, with `ray_log`, logs
+    (steps done, size) to the RayExecutor's callbacks. Returns (rank, size, steps done, the world
+    sizes the state was trained on, in order, whether every sum was exact)."""
     import torch
 
     import hvdtrain.torch as hvd
@@ -28,6 +29,10 @@ def counts_steps(steps, progress=None, pause_s=0.0):
             state.commit()
             if progress and hvd.rank() == 0:
                 Path(progress).write_text(str(state.step))
+            if ray_log and hvd.rank() == 0:
+                from hvdtrain.ray import ray_logger
+
+                ray_logger.log((state.step, hvd.size()))
             time.sleep(pause_s)
         return hvd.rank(), hvd.size(), state.step, state.sizes, state.exact
 

@@ -118,6 +118,34 @@ def test_an_error_in_the_rank_is_raised_naming_the_rank_with_its_traceback(relay
     assert relay.call("execute", lambda _: "still serving", timeout_s=60) == "still serving"
 
 
+def sends_three_then_answers(_):
+    for number in range(3):
+        assert relays.send_to_caller({"number": number})
+    return "answered"
+
+
+def test_what_the_rank_sends_during_a_call_reaches_the_callers_handler_in_order(relay, rank_process):
+    relay.expect(0)
+    received = []
+    assert relay.call("execute", sends_three_then_answers, timeout_s=60, on_sent=received.append) == "answered"
+    assert received == [{"number": 0}, {"number": 1}, {"number": 2}]
+
+
+def test_a_handlers_error_is_raised_after_the_answer_and_the_relay_serves_on(relay, rank_process):
+    relay.expect(0)
+
+    def refuses(value):
+        raise ValueError(f"handler refuses {value}")
+
+    with pytest.raises(ValueError, match=r"handler refuses \{'number': 0\}"):
+        relay.call("execute", sends_three_then_answers, timeout_s=60, on_sent=refuses)
+    assert relay.call("execute", lambda _: "still in step", timeout_s=60) == "still in step"
+
+
+def test_a_process_that_is_no_relays_rank_sends_nothing():
+    assert relays.send_to_caller("to nobody") is False
+
+
 def test_a_rank_that_ends_while_running_a_call_is_reported_as_ended(relay, rank_process):
     relay.expect(0)
     with pytest.raises(RankEnded, match=r"rank 0 \(127\.0\.0\.1:\d+\) ended before it answered"):

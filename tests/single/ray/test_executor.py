@@ -55,6 +55,11 @@ def test_an_elastic_run_before_start_is_refused():
         RayExecutor(RaySettings(), min_workers=1).run(lambda: None)
 
 
+def test_run_remote_refuses_callbacks_it_could_not_call():
+    with pytest.raises(NotImplementedError, match="run_remote returns before the ranks log anything"):
+        RayExecutor(RaySettings(), num_workers=2).run_remote(lambda: None, callbacks=[print])
+
+
 def node(address, cpus, gpus=0, alive=True):
     resources = {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
     return {"NodeManagerAddress": address, "Alive": alive, "Resources": resources}
