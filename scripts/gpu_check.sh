@@ -9,12 +9,12 @@
 #   recipe    the ResNet-50 ImageNet recipe through `hvdtrain` on a generated ImageNet-shaped tree
 #             (tasks/image_tree.py, 640 images), data.decode=gpu and bf16 for one epoch, then
 #             resumed on the CPU for a second;
-#   decode    throughput of that recipe at batch 256 from a JPEG tree of 2,560 images with
+#   decode    the decoding pipelines' own img/s (scripts/bench_decode.py --device cuda: PIL per
+#             core, the rank's part on the GPU, and what its thread of its own saves a step); then
+#             throughput of that recipe at batch 256 from a JPEG tree of 2,560 images with
 #             data.decode=gpu, with data.decode=cpu (16 loader workers), and from synthetic
-#             tensors, one run of 3 epochs each a round: the
-#             median img/s of the windows of 5 steps logged after the first epoch; then the decoding
-#             pipelines' own img/s (scripts/bench_decode.py --device cuda: PIL per core, the rank's
-#             part on the GPU, and what its thread of its own saves a step);
+#             tensors, one run of 3 epochs each a round: the median img/s of the windows of 5
+#             steps logged after the first epoch;
 #   training  throughput of hvdtrain at world size 1 through NCCL against a plain PyTorch loop and
 #             PyTorch DDP at world size 1 on NCCL (ResNet-50, AMP, batch 64), in alternating rounds,
 #             with hvdtrain's gradients in segments (the default) and one by one
@@ -143,9 +143,19 @@ inputs of the last epoch {r.get('inputs_last_epoch')}\"") | the plans said: $(gr
     fi
 fi
 
-# Training throughput of the recipe, img/s inside training steps, the three inputs in turn each round.
+# The decoding pipelines' own img/s first (a minute), then the recipe's training throughput, img/s
+# inside training steps, the three inputs in turn each round, each round said as it ends.
 if wanted decode; then
-    rates=()
+    if $PY scripts/bench_decode.py --device cuda --images 512 --rounds 3 --out "$OUT/decode-pipeline.json" \
+        > "$OUT/decode-pipeline.txt" 2>&1; then
+        say "decode pipelines, img/s, medians of 3 rounds of 512 images: $(grep -E ': .*images/s' \
+"$OUT/decode-pipeline.txt" | tr -s ' ' | paste -sd';') | $(grep -E '^ahead / in turn' "$OUT/decode-pipeline.txt")"
+    else
+        failed=1
+        say "decode pipelines failed: $(tail -2 "$OUT/decode-pipeline.txt" | paste -sd' ')"
+    fi
+    say "decode, ResNet-50 bf16 channels_last batch 256, img/s in training steps after the first epoch (gpu = \
+nvJPEG, cpu = PIL in 16 workers, synthetic tensors; goal gpu >= 0.90 of synthetic):"
     for round in $(seq "$ROUNDS"); do
         line="round $round:"
         for input in gpu cpu synthetic; do
@@ -161,18 +171,8 @@ if wanted decode; then
             line+=" $input $(steady "$run")"
         done
         echo "$line img/s" | tee -a "$OUT/decode-rounds.txt"
-        rates+=("$line")
+        say "  $line img/s"
     done
-    say "decode, ResNet-50 bf16 channels_last batch 256, img/s in training steps after the first epoch (gpu = \
-nvJPEG, cpu = PIL in 16 workers, synthetic tensors; goal gpu >= 0.90 of synthetic): ${rates[*]}"
-    if $PY scripts/bench_decode.py --device cuda --images 512 --rounds 3 --out "$OUT/decode-pipeline.json" \
-        > "$OUT/decode-pipeline.txt" 2>&1; then
-        say "decode pipelines, img/s, medians of 3 rounds of 512 images: $(grep -E ': .*images/s' \
-"$OUT/decode-pipeline.txt" | tr -s ' ' | paste -sd';') | $(grep -E '^ahead / in turn' "$OUT/decode-pipeline.txt")"
-    else
-        failed=1
-        say "decode pipelines failed: $(tail -2 "$OUT/decode-pipeline.txt" | paste -sd' ')"
-    fi
 fi
 
 # Throughput, img/s: the plain loop, hvdtrain and DDP in turns, ratios within each round. hvdtrain runs
