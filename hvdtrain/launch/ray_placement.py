@@ -12,7 +12,7 @@ import secrets
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
@@ -20,6 +20,11 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from hvdtrain.launch.relay import RankRelay, RankSeat, host_by_host, relayed
 from hvdtrain.run.config import ConfigError
+
+# Of a node's own resource (`node:ADDRESS`, 1 on each node) that a worker asks for: what puts it
+# on that node, however many workers share it.
+NODE_SHARE = 0.001
+
 
 @ray.remote
 class RankActor:
@@ -67,18 +72,25 @@ class Placement:
 
 def place(key: bytes, timeout_s: float, cpus_per_worker: int = 1, gpus_per_worker: int = 0,
           num_workers: Optional[int] = None, num_hosts: Optional[int] = None, workers_per_host: int = 1,
-          group=None, environment: Optional[Dict[str, str]] = None) -> Placement:
-    """Workers for `num_workers` ranks packed (PACK), or for `num_hosts` hosts of
-    `workers_per_host` (STRICT_SPREAD); TimeoutError naming what was asked and what the cluster
-    has where Ray cannot place them within `timeout_s`. Workers on a node that died before they
-    answered are placed again within the same time. `num_workers` workers go into `group`, a
-    placement group of the caller's (a Ray Tune trial's), where one is given.
+          group=None, environment: Optional[Dict[str, str]] = None,
+          on_nodes: Optional[Sequence[Tuple[str, int]]] = None) -> Placement:
+    """Workers for `num_workers` ranks packed (PACK), for `num_hosts` hosts of
+    `workers_per_host` (STRICT_SPREAD), or `on_nodes`: (a Ray node's address, workers) pairs, each
+    node's workers on it (by the node's own resource, `node:ADDRESS`); TimeoutError naming what
+    was asked and what the cluster has where Ray cannot place them within `timeout_s`. Workers on
+    a node that died before they answered are placed again within the same time. `num_workers`
+    workers go into `group`, a placement group of the caller's (a Ray Tune trial's), where one is
+    given.
 
     Every rank of a node sees the GPUs Ray gave all the node's workers (CUDA_VISIBLE_DEVICES, in
     rank order), so that a rank takes its GPU by its local rank, as Horovod's Ray workers did;
     `environment` (the user's variables) comes on top."""
     worker = {"CPU": cpus_per_worker, **({"GPU": gpus_per_worker} if gpus_per_worker else {})}
-    if num_hosts is None:
+    if on_nodes is not None:
+        bundles = [{**worker, f"node:{address}": NODE_SHARE} for address, count in on_nodes for _ in range(count)]
+        strategy, per_bundle = "PACK", 1
+        asked = " and ".join(f"{count} workers of {worker} on node {address}" for address, count in on_nodes)
+    elif num_hosts is None:
         bundles, strategy, per_bundle = [worker] * num_workers, "PACK", 1
         asked = f"{num_workers} workers of {worker}"
     else:

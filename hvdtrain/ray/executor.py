@@ -11,8 +11,9 @@ With `min_workers`, the executor is Horovod's elastic one, for functions that us
 (`hvd.elastic.run`). MPI cannot change a running job's members, so, as hvdtrun does for elastic
 scripts (hvdtrain/launch/hvdtrun/elastic.py, whose loop this drives), `run` starts a job on the
 workers Ray's nodes hold (as many as their CPUs, and GPUs, fit, up to `max_workers`, once there
-are `min_workers`), and starts it again, from the function's last commit, when a node is lost or
-another joins (then at the ranks' next commit). Its results are those of the start that finished.
+are `min_workers`; or on the hosts of a discovery of the caller's), each on the node the loop
+chose, and starts it again, from the function's last commit, when a node is lost or another joins
+(then at the ranks' next commit). Its results are those of the start that finished.
 """
 
 import contextlib
@@ -26,6 +27,7 @@ from typing import Any, Callable, Dict, List, Optional
 import ray
 from ray.util.placement_group import get_current_placement_group
 from ray.util.queue import Empty, Queue
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from hvdtrain.core.exits import EXIT_COMMUNICATION, NOT_RESTARTED
 from hvdtrain.launch import mpirun
@@ -49,6 +51,9 @@ class RaySettings:
     verbose: int = 1
     ssh_identity_file: Optional[str] = None  # accepted for Horovod's callers; no ssh is used
     ssh_str: Optional[str] = None
+    # With override_discovery=False, an elastic executor's hosts: an object whose
+    # find_available_hosts_and_slots() gives {Ray node address: slots}, as Horovod's HostDiscovery
+    discovery: Any = None
 
 
 class RayExecutor:
@@ -71,9 +76,12 @@ class RayExecutor:
             raise ValueError(f"gpus_per_worker={gpus_per_worker} needs use_gpu=True")
         self.elastic = None
         if min_workers is not None or max_workers is not None:
-            self.elastic = _elastic_options(num_workers, num_hosts, cpus_per_worker,
-                                            (gpus_per_worker or 1) if use_gpu else 0, min_workers, max_workers,
-                                            reset_limit, cooldown_range, elastic_timeout, override_discovery)
+            if override_discovery:
+                discovery = functools.partial(ray_hosts, cpus_per_worker, (gpus_per_worker or 1) if use_gpu else 0)
+            else:
+                discovery = _settings_discovery(settings)
+            self.elastic = _elastic_options(num_workers, num_hosts, min_workers, max_workers, reset_limit,
+                                            cooldown_range, elastic_timeout, discovery)
         elif (num_workers is None) == (num_hosts is None):
             raise ValueError(f"give one of num_workers and num_hosts, not {num_workers=} and {num_hosts=}")
         for name, value in (("num_workers", num_workers), ("num_hosts", num_hosts),
@@ -122,15 +130,17 @@ class RayExecutor:
                                              executable, group=current))
 
     @contextlib.contextmanager
-    def _job_on(self, num_workers, environment, executable, group=None):
-        """A job of `num_workers` placed workers (None: num_hosts of num_workers_per_host), each
-        rank running an instance of the executable (class, args, kwargs); the workers, mpirun
-        and the ranks go when the block ends. Yields mpirun's process."""
+    def _job_on(self, num_workers, environment, executable, group=None, on_nodes=None):
+        """A job of `num_workers` placed workers (None: num_hosts of num_workers_per_host, or
+        those of `on_nodes`, (node address, workers) pairs), each rank running an instance of the
+        executable (class, args, kwargs); the workers, mpirun and the ranks go when the block
+        ends. Yields mpirun's process."""
         try:
             self._placement = place(self._key, self.settings.placement_group_timeout_s, self.cpus_per_worker,
                                     self.gpus_per_worker, num_workers=num_workers,
-                                    num_hosts=None if num_workers else self.num_hosts,
-                                    workers_per_host=self.num_workers_per_host, group=group, environment=environment)
+                                    num_hosts=None if num_workers or on_nodes else self.num_hosts,
+                                    workers_per_host=self.num_workers_per_host, group=group, environment=environment,
+                                    on_nodes=on_nodes)
         except TimeoutError as error:
             raise TimeoutError(f"hvdtrain.ray: {error} (placement_group_timeout_s)") from None
         try:
@@ -189,8 +199,11 @@ class RayExecutor:
         results = []
 
         def start_job(num_proc, hosts):
+            # On the hosts the loop chose, not wherever Ray would pack the workers: it leaves out
+            # the hosts it blacklisted, and a discovery of the caller's own names the hosts to use.
             try:
-                with self._job_on(num_proc, environment, executable) as process:
+                with self._job_on(None, environment, executable,
+                                  on_nodes=[(host.host, host.slots) for host in hosts]) as process:
                     try:
                         results[:] = self._get(self._calls(fn, logged), "to finish")
                         return 0
@@ -264,8 +277,10 @@ def _handing_to(callbacks):
     if not callbacks:
         yield None
         return
-    # A queue of no resources, outside any placement group the caller runs in (a Ray Tune trial's)
-    logged = Queue(actor_options={"num_cpus": 0, "scheduling_strategy": "DEFAULT"})
+    # A queue of no resources on the driver's node, which a job outlives only if it does (not on a
+    # node that may be lost, nor in a placement group the caller runs in, a Ray Tune trial's)
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    logged = Queue(actor_options={"num_cpus": 0, "scheduling_strategy": here})
     block_ended = threading.Event()
     failed = []
 
@@ -277,6 +292,9 @@ def _handing_to(callbacks):
                 if block_ended.is_set():
                     return
                 continue
+            except ray.exceptions.RayError as error:  # raised to the caller when the block ends
+                failed.append(RuntimeError(f"hvdtrain.ray: the queue of the values the ranks log was lost: {error}"))
+                return
             if failed:
                 continue
             try:
@@ -310,6 +328,7 @@ class ElasticRaySettings:
     verbose: int = 1
     cooldown_range: Optional[List[int]] = None
     ssh_identity_file: Optional[str] = None  # accepted for Horovod's callers; no ssh is used
+    discovery: Any = None  # as RaySettings.discovery
 
 
 class ElasticRayExecutor:
@@ -331,7 +350,8 @@ class ElasticRayExecutor:
     def __init__(self, settings: ElasticRaySettings, use_gpu: bool = False, cpus_per_slot: int = 1,
                  gpus_per_slot: Optional[int] = None, env_vars: Optional[Dict] = None, override_discovery: bool = True):
         self._executor = RayExecutor(
-            RaySettings(timeout_s=settings.timeout_s, nics=settings.nics, verbose=settings.verbose),
+            RaySettings(timeout_s=settings.timeout_s, nics=settings.nics, verbose=settings.verbose,
+                        discovery=settings.discovery),
             min_workers=settings.min_num_proc, max_workers=settings.max_num_proc, reset_limit=settings.reset_limit,
             cooldown_range=settings.cooldown_range, elastic_timeout=settings.elastic_timeout,
             cpus_per_worker=cpus_per_slot, use_gpu=use_gpu, gpus_per_worker=gpus_per_slot,
@@ -360,8 +380,23 @@ def ray_hosts(cpus_per_worker, gpus_per_worker):
     return sorted(hosts, key=lambda host: host.host)  # one order: the elastic loop sees a change only where one is
 
 
-def _elastic_options(num_workers, num_hosts, cpus_per_worker, gpus_per_worker, min_workers, max_workers,
-                     reset_limit, cooldown_range, elastic_timeout, override_discovery):
+def _settings_discovery(settings):
+    """The hosts of `settings.discovery` (override_discovery=False): a callable giving them as the
+    elastic loop takes them; ValueError where the settings hold no such discovery."""
+    discovery = getattr(settings, "discovery", None)
+    if not callable(getattr(discovery, "find_available_hosts_and_slots", None)):
+        raise ValueError(f"override_discovery=False needs settings.discovery, an object with "
+                         f"find_available_hosts_and_slots() (Horovod's HostDiscovery), got {discovery!r}")
+
+    def hosts():
+        found = discovery.find_available_hosts_and_slots()
+        return [Host(str(host), int(slots)) for host, slots in sorted(found.items()) if int(slots) > 0]
+
+    return hosts
+
+
+def _elastic_options(num_workers, num_hosts, min_workers, max_workers, reset_limit, cooldown_range, elastic_timeout,
+                     discovery):
     """The elastic loop's options for RayExecutor's elastic arguments; ValueError for bad ones."""
     if num_workers is not None or num_hosts is not None:
         raise ValueError(f"give min_workers (an elastic job) or num_workers/num_hosts, not both: {min_workers=}, "
@@ -379,11 +414,7 @@ def _elastic_options(num_workers, num_hosts, cpus_per_worker, gpus_per_worker, m
                              f"and the high at most {LONGEST_COOLDOWN_S}")
     if not elastic_timeout or elastic_timeout <= 0:
         raise ValueError(f"elastic_timeout must be a positive number of seconds, got {elastic_timeout!r}")
-    if not override_discovery:
-        raise NotImplementedError("hvdtrain.ray: override_discovery=False (a discovery of the settings' own) is not "
-                                  "supported; the elastic RayExecutor finds the hosts from Ray's nodes")
     return ElasticOptions(None, min_np=min_workers, max_np=max_workers, slots_per_host=1, reset_limit=reset_limit,
                           elastic_timeout_s=elastic_timeout,
                           blacklist_cooldown_s=tuple(cooldown_range) if cooldown_range else None,
-                          discovery=functools.partial(ray_hosts, cpus_per_worker, gpus_per_worker),
-                          terms=ELASTIC_TERMS)
+                          discovery=discovery, terms=ELASTIC_TERMS)

@@ -4,6 +4,7 @@ Ray's nodes hold; when a node is lost it goes on, from its last commit, on the n
 when a node joins, on all of them from its next commit."""
 
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -16,9 +17,10 @@ from hvdtrain.ray import RayExecutor
 from support import elastic_functions
 from support.elastic_functions import counts_steps, refuses_on_rank_1, when_steps_done
 
-# The workers cannot import the elastic functions' module: they travel by value, as those of a
-# driver's own script (__main__) do.
+# The workers cannot import the elastic functions' module, nor this one: their functions travel by
+# value, as those of a driver's own script (__main__) do.
 ray.cloudpickle.register_pickle_by_value(elastic_functions)
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 def test_an_elastic_run_takes_the_workers_the_nodes_hold_up_to_max_workers(ray_cluster):
@@ -42,6 +44,44 @@ def test_an_error_of_the_function_ends_the_elastic_run_without_a_restart(ray_clu
         executor.shutdown()
     output = capfd.readouterr().err
     assert "ValueError: rank 1 refuses on purpose" in output and "starting it again" not in output, output
+
+
+class NodesOfTheTest:
+    """A discovery of the caller's own (override_discovery=False), as Horovod's HostDiscovery."""
+
+    def __init__(self, addresses):
+        self.addresses = addresses
+
+    def find_available_hosts_and_slots(self):
+        return {address: 1 for address in self.addresses}
+
+
+def hostname_in_an_elastic_run():
+    import socket
+
+    import hvdtrain.torch as hvd
+
+    hvd.init()
+
+    @hvd.elastic.run
+    def train(state):
+        state.commit()
+        return socket.gethostname()
+
+    return train(hvd.elastic.ObjectState(step=0))
+
+
+def test_a_discovery_of_the_callers_own_places_the_workers_on_its_hosts(ray_cluster):
+    chosen = ray_cluster.nodes[1:]  # (hostname, address): 2 of the 3 nodes, not the first
+    settings = RayExecutor.create_settings(timeout_s=60)
+    settings.discovery = NodesOfTheTest([address for _, address in chosen])
+    executor = RayExecutor(settings, min_workers=2, cpus_per_worker=2, override_discovery=False)
+    executor.start()
+    try:
+        hostnames = executor.run(hostname_in_an_elastic_run)
+    finally:
+        executor.shutdown()
+    assert sorted(hostnames) == sorted(name for name, _ in chosen)
 
 
 def test_an_elastic_run_goes_on_from_its_last_commit_when_a_node_is_lost(netns_cluster, ray_cluster):

@@ -1,6 +1,7 @@
 """hvdtrain.ray's RayExecutor without a Ray cluster: the elastic executor's arguments (refused with
-one line naming the argument, as Horovod refuses them) and the hosts it finds in Ray's nodes. Its
-runs on a real cluster: tests/cluster/test_ray.py."""
+one line naming the argument, as Horovod refuses them) and the hosts it finds in Ray's nodes or in
+a discovery of the caller's. Its runs on a real cluster: tests/cluster/test_ray.py and
+test_ray_elastic.py."""
 
 import pytest
 
@@ -38,8 +39,29 @@ def test_bad_elastic_arguments_are_refused_naming_the_argument(arguments, messag
         RayExecutor(RaySettings(), **arguments)
 
 
-def test_a_discovery_of_the_settings_own_is_refused():
-    with pytest.raises(NotImplementedError, match="override_discovery=False"):
+class HostsOfTheCallers:
+    """A discovery of the caller's own, as Horovod's HostDiscovery."""
+
+    def find_available_hosts_and_slots(self):
+        return {"10.0.0.2": 2, "10.0.0.1": 1, "10.0.0.3": 0}
+
+
+def test_without_override_discovery_the_hosts_are_the_settings_discoverys_with_slots():
+    settings = RaySettings(discovery=HostsOfTheCallers())
+    executor = RayExecutor(settings, min_workers=1, override_discovery=False)
+    assert executor.elastic.discovery() == [Host("10.0.0.1", 1), Host("10.0.0.2", 2)]
+
+
+def test_horovods_elastic_settings_carry_their_discovery_to_the_executor():
+    settings = ElasticRayExecutor.create_settings(min_num_proc=1)
+    settings.discovery = HostsOfTheCallers()  # as Horovod's examples set it
+    executor = ElasticRayExecutor(settings, override_discovery=False)._executor
+    assert executor.elastic.discovery() == [Host("10.0.0.1", 1), Host("10.0.0.2", 2)]
+
+
+def test_without_override_discovery_settings_without_a_discovery_are_refused():
+    with pytest.raises(ValueError, match=r"override_discovery=False needs settings.discovery, an object with "
+                                         r"find_available_hosts_and_slots\(\).*got None"):
         RayExecutor(RaySettings(), min_workers=1, override_discovery=False)
 
 
