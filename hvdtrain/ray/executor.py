@@ -21,7 +21,7 @@ import functools
 import secrets
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, List, Optional
 
 import ray
@@ -78,10 +78,12 @@ class RayExecutor:
         if min_workers is not None or max_workers is not None:
             if override_discovery:
                 discovery = functools.partial(ray_hosts, cpus_per_worker, (gpus_per_worker or 1) if use_gpu else 0)
+                terms = ELASTIC_TERMS
             else:
                 discovery = _settings_discovery(settings)
+                terms = replace(ELASTIC_TERMS, discovered="settings.discovery found")
             self.elastic = _elastic_options(num_workers, num_hosts, min_workers, max_workers, reset_limit,
-                                            cooldown_range, elastic_timeout, discovery)
+                                            cooldown_range, elastic_timeout, discovery, terms)
         elif (num_workers is None) == (num_hosts is None):
             raise ValueError(f"give one of num_workers and num_hosts, not {num_workers=} and {num_hosts=}")
         for name, value in (("num_workers", num_workers), ("num_hosts", num_hosts),
@@ -396,7 +398,7 @@ def _settings_discovery(settings):
 
 
 def _elastic_options(num_workers, num_hosts, min_workers, max_workers, reset_limit, cooldown_range, elastic_timeout,
-                     discovery):
+                     discovery, terms):
     """The elastic loop's options for RayExecutor's elastic arguments; ValueError for bad ones."""
     if num_workers is not None or num_hosts is not None:
         raise ValueError(f"give min_workers (an elastic job) or num_workers/num_hosts, not both: {min_workers=}, "
@@ -417,4 +419,4 @@ def _elastic_options(num_workers, num_hosts, min_workers, max_workers, reset_lim
     return ElasticOptions(None, min_np=min_workers, max_np=max_workers, slots_per_host=1, reset_limit=reset_limit,
                           elastic_timeout_s=elastic_timeout,
                           blacklist_cooldown_s=tuple(cooldown_range) if cooldown_range else None,
-                          discovery=discovery, terms=ELASTIC_TERMS)
+                          discovery=discovery, terms=terms)

@@ -50,6 +50,7 @@ def test_without_override_discovery_the_hosts_are_the_settings_discoverys_with_s
     settings = RaySettings(discovery=HostsOfTheCallers())
     executor = RayExecutor(settings, min_workers=1, override_discovery=False)
     assert executor.elastic.discovery() == [Host("10.0.0.1", 1), Host("10.0.0.2", 2)]
+    assert executor.elastic.terms.discovered == "settings.discovery found"
 
 
 def test_horovods_elastic_settings_carry_their_discovery_to_the_executor():
