@@ -135,10 +135,12 @@ def _mpi_args(extra_mpi_args, prefix_output_with_timestamp):
 
 def _task_slots(context):
     """Spark's task slots now, as the elastic loop's hosts: one entry, as Spark, not the loop,
-    chooses where a barrier stage's tasks run (default parallelism is the executors' cores, which
-    Spark updates as executors come and go)."""
-    cpus_per_task = int(context.getConf().get("spark.task.cpus", "1"))
-    slots = context.defaultParallelism // cpus_per_task
+    chooses where a barrier stage's tasks run. The slots are the tasks the executors there are now
+    can run at once, as Spark counts them for a barrier stage (maxNumConcurrentTasks of the default
+    resource profile, which divides their cores by spark.task.cpus; in Spark's API, not PySpark's);
+    not the default parallelism, which a user may set by hand and which never falls below 2."""
+    spark = context._jsc.sc()
+    slots = spark.maxNumConcurrentTasks(spark.resourceProfileManager().defaultResourceProfile())
     return [Host("executors", slots)] if slots else []
 
 

@@ -12,6 +12,8 @@ import pytest
 pyspark = pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'hvdtrain[spark]')")
 
 import hvdtrain.spark  # noqa: E402
+from hvdtrain.run.hosts import Host  # noqa: E402
+from hvdtrain.spark import runner  # noqa: E402
 from support import elastic_functions  # noqa: E402
 from support.elastic_functions import counts_steps, refuses_on_rank_1, when_steps_done  # noqa: E402
 
@@ -67,3 +69,9 @@ def test_run_elastic_takes_horovods_deprecated_names_with_its_warnings(spark):
     assert sorted(str(warning.message) for warning in caught) == [
         "max_np is deprecated, use max_num_proc instead", "min_np is deprecated, use min_num_proc instead"]
     assert {warning.filename for warning in caught} == {__file__}  # pointed at the call
+
+
+def test_the_slots_are_the_executors_not_a_default_parallelism_set_by_hand(spark, monkeypatch):
+    context = spark.sparkContext
+    monkeypatch.setattr(type(context), "defaultParallelism", property(lambda _: 8))  # as spark.default.parallelism=8
+    assert runner._task_slots(context) == [Host("executors", 2)]  # local[2]
