@@ -303,13 +303,12 @@ def send_to_caller(value) -> bool:
     relay's `call` hands it to its `on_sent`). False in any other process."""
     if _to_relay is None:
         return False
-    link, sending = _to_relay
-    with sending:
-        link.send(("sent", cloudpickle.dumps(value)))
+    _send(("sent", cloudpickle.dumps(value)))
     return True
 
 
-def _answer(message):
+def _send(message):
+    """`message` up this rank's link, whole, whichever thread sends it."""
     link, sending = _to_relay
     with sending:
         link.send(message)
@@ -342,13 +341,13 @@ def rank() -> int:
                 result = None
             else:
                 result = function(executable)
-            _answer(("ok", cloudpickle.dumps(result)))
+            _send(("ok", cloudpickle.dumps(result)))
         except Exception as error:  # the function's error goes to the caller, with the rank's traceback
             text = f"{type(error).__name__}: {error}\n{traceback.format_exc()}"
             try:
-                _answer(("error", error, text))
+                _send(("error", error, text))
             except Exception:  # an error that does not pickle travels as its text
-                _answer(("error", None, text))
+                _send(("error", None, text))
 
 
 def main(argv: Sequence[str]) -> int:

@@ -29,10 +29,10 @@ from ray.util.placement_group import get_current_placement_group
 from ray.util.queue import Empty, Queue
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from hvdtrain.core.exits import EXIT_COMMUNICATION, NOT_RESTARTED
+from hvdtrain.core.exits import EXIT_COMMUNICATION
 from hvdtrain.launch import mpirun
 from hvdtrain.launch.hvdtrun.elastic import (LONGEST_COOLDOWN_S, ElasticOptions, Terms, failed_start_status,
-                                             horovods_process_counts, run_elastic)
+                                             horovods_process_counts, job_ended_error, run_elastic)
 from hvdtrain.launch.ray_placement import place
 from hvdtrain.launch.relay import RankEnded, RankFailed, mpirun_job, raised_by_the_function
 from hvdtrain.run.hosts import Host
@@ -228,8 +228,7 @@ class RayExecutor:
 
         status = run_elastic(self.elastic, start_job, [ray.util.get_node_ip_address()], answering)
         if status:
-            raise RuntimeError(f"hvdtrain.ray: the elastic job ended with exit status {status}: "
-                               f"{NOT_RESTARTED.get(status, 'see the messages above')}")
+            raise job_ended_error(self.elastic.terms, status)
         return results
 
     def _calls(self, fn, logged=None):

@@ -25,7 +25,7 @@ from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Listener, wait
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from hvdtrain.core.exits import EXIT_COMMUNICATION, NOT_RESTARTED
+from hvdtrain.core.exits import EXIT_COMMUNICATION
 from hvdtrain.launch import mpirun
 from hvdtrain.launch.hvdtrun import elastic
 from hvdtrain.launch.relay import (RankEnded, RankFailed, RankRelay, RankSeat, host_by_host, mpirun_job,
@@ -37,7 +37,7 @@ ELASTIC_TIMEOUT_VARIABLE = "HOROVOD_ELASTIC_TIMEOUT"  # Horovod's, read where el
 DEFAULT_START_TIMEOUT_S = 600.0
 DEFAULT_ELASTIC_TIMEOUT_S = 600.0
 ELASTIC_TERMS = elastic.Terms(launcher="hvdtrain.spark.run_elastic", min_np="min_num_proc", reset_limit="reset_limit",
-                      elastic_timeout="elastic_timeout", discovered="Spark's executors offer")
+                              elastic_timeout="elastic_timeout", discovered="Spark's executors offer")
 
 
 def run(fn: Callable[..., Any], args: Sequence = (), kwargs: Optional[Dict] = None, num_proc: Optional[int] = None,
@@ -105,13 +105,12 @@ def run_elastic(fn: Callable[..., Any], args: Sequence = (), kwargs: Optional[Di
         return status
 
     options = elastic.ElasticOptions(None, min_np=min_num_proc, max_np=max_num_proc, slots_per_host=1,
-                             reset_limit=reset_limit, elastic_timeout_s=elastic_timeout,
-                             discovery=lambda: _task_slots(context), terms=ELASTIC_TERMS)
+                                     reset_limit=reset_limit, elastic_timeout_s=elastic_timeout,
+                                     discovery=lambda: _task_slots(context), terms=ELASTIC_TERMS)
     status = elastic.run_elastic(options, start_job, [context.getConf().get("spark.driver.host")],
                                  lambda hosts: hosts)
     if status:
-        raise RuntimeError(f"hvdtrain.spark.run_elastic: the job ended with exit status {status}: "
-                           f"{NOT_RESTARTED.get(status, 'see the messages above')}")
+        raise elastic.job_ended_error(ELASTIC_TERMS, status)
     return results
 
 

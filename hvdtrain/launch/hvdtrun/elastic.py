@@ -238,6 +238,13 @@ def failed_start_status(process):
     return 128 - status if status < 0 else status or EXIT_COMMUNICATION
 
 
+def job_ended_error(terms, status):
+    """What an API that drives its jobs with run_elastic (hvdtrain.ray, hvdtrain.spark) raises
+    where the loop ended with the nonzero `status`."""
+    return RuntimeError(f"{terms.launcher}: the elastic job ended with exit status {status}: "
+                        f"{NOT_RESTARTED.get(status, 'see the messages above')}")
+
+
 def format_hosts(hosts):
     return ",".join(f"{host.host}:{host.slots}" for host in hosts)
 
