@@ -43,6 +43,13 @@ def test_only_the_import_line_differs_from_horovod():
 @pytest.mark.parametrize("flags", [["--fp16-allreduce"], ["--use-adasum"]], ids=" ".join)
 def test_horovod_script_trains_on_two_ranks(flags):
     env = launcher.worker_environment(2)
+    if "--use-adasum" in flags:
+        # Adasum splits a fused buffer between the ranks where the tensors a cycle happened to
+        # gather put the halves, so its rounding, and this short run's last epoch, follow the
+        # timing: about one run in ten ended at 87.11 %, the others above 90 %. Unfused, the run
+        # is the same every time (96.00 %); fused Adasum is checked bit for bit in
+        # tests/parallel/core/test_adasum.py.
+        env["HOROVOD_FUSION_THRESHOLD"] = "0"
     command = launcher.mpirun_command([sys.executable, "-u", str(SCRIPT), *flags], num_proc=2, env=env)
     result = launcher.run(command, env=env, timeout=180, capture=True)
     assert result.returncode == 0, result.stdout
