@@ -14,7 +14,8 @@
 #             throughput of that recipe at batch 256 from a JPEG tree of 2,560 images with
 #             data.decode=gpu, with data.decode=cpu (16 loader workers), and from synthetic
 #             tensors, one run of 3 epochs each a round: the median img/s of the windows of 5
-#             steps logged after the first epoch;
+#             steps logged after the first epoch; beside them, the model's own rate at those
+#             settings on a batch already in device memory (synthetic_benchmark.py --plain);
 #   training  throughput of hvdtrain at world size 1 through NCCL against a plain PyTorch loop and
 #             PyTorch DDP at world size 1 on NCCL (ResNet-50, AMP, batch 64), in alternating rounds,
 #             with hvdtrain's gradients in segments (the default) and one by one
@@ -127,6 +128,17 @@ rates = [e['samples_per_s'] for e in map(json.loads, open(sys.argv[1])) if e['ev
 print(round(statistics.median(rates), 1))" "$1/metrics.jsonl" 2>/dev/null || echo nan
 }
 
+# bench LOG ARGS...: the img/s of scripts/synthetic_benchmark.py (ResNet-50, 5 timed iterations of 10
+# steps) with ARGS, its output added to LOG
+bench() {
+    local log=$1
+    shift
+    $PY scripts/synthetic_benchmark.py --model resnet50 --num-iters 5 "$@" 2>&1 \
+        | tee -a "$log" | sed -n 's/^Total img\/sec on 1 GPU(s): \([0-9.]*\).*/\1/p'
+}
+ratio() { $PY -c "print(round($1 / $2, 3))" 2>/dev/null || echo nan; }
+median() { $PY -c "import statistics, sys; print(statistics.median(map(float, sys.argv[1:])))" "$@" 2>/dev/null || echo nan; }
+
 # data.decode=auto, which the plan resolves to gpu on the GPU and to cpu on the resume on the CPU
 if wanted recipe; then
     run="$SCRATCH/runs/recipe"
@@ -155,8 +167,12 @@ if wanted decode; then
         say "decode pipelines failed: $(tail -2 "$OUT/decode-pipeline.txt" | paste -sd' ')"
     fi
     say "decode, ResNet-50 bf16 channels_last batch 256, img/s in training steps after the first epoch (gpu = \
-nvJPEG, cpu = PIL in 16 workers, synthetic tensors; goal gpu >= 0.90 of synthetic):"
+nvJPEG, cpu = PIL in 16 workers, synthetic = random float32 tensors through the same loader; goal gpu >= 0.90 \
+of synthetic), and a plain loop's on one batch in device memory (device):"
+    gpu_over_synthetic=()
+    gpu_over_device=()
     for round in $(seq "$ROUNDS"); do
+        declare -A rate=()
         line="round $round:"
         for input in gpu cpu synthetic; do
             run="$SCRATCH/runs/decode-$input-$round"
@@ -168,32 +184,33 @@ nvJPEG, cpu = PIL in 16 workers, synthetic tensors; goal gpu >= 0.90 of syntheti
             esac
             hvdtrain "${args[@]}" train.epochs=3 train.log_every_steps=5 "hydra.run.dir=$run" >> "$OUT/decode.txt" \
                 2>&1 || failed=1
-            line+=" $input $(steady "$run")"
+            rate[$input]=$(steady "$run")
+            line+=" $input ${rate[$input]}"
         done
+        rate[device]=$(bench "$OUT/decode.txt" --plain --bf16 --channels-last --batch-size 256)
+        line+=" device ${rate[device]}"
+        gpu_over_synthetic+=("$(ratio "${rate[gpu]}" "${rate[synthetic]}")")
+        gpu_over_device+=("$(ratio "${rate[gpu]}" "${rate[device]}")")
         echo "$line img/s" | tee -a "$OUT/decode-rounds.txt"
         say "  $line img/s"
     done
+    say "  gpu / synthetic: median $(median "${gpu_over_synthetic[@]}") (rounds: ${gpu_over_synthetic[*]}; goal >= 0.90); \
+gpu / device: median $(median "${gpu_over_device[@]}") (rounds: ${gpu_over_device[*]})"
 fi
 
 # Throughput, img/s: the plain loop, hvdtrain and DDP in turns, ratios within each round. hvdtrain runs
 # with HOROVOD_ELASTIC=1: at world size 1 the DistributedOptimizer, like Horovod's, reduces only in
 # an elastic job (whose world may grow), and the point here is to measure its reductions.
-bench() {
-    $PY scripts/synthetic_benchmark.py --model resnet50 --amp --batch-size 64 --num-iters 5 "$@" 2>&1 \
-        | tee -a "$OUT/training.txt" | sed -n 's/^Total img\/sec on 1 GPU(s): \([0-9.]*\).*/\1/p'
-}
-ratio() { $PY -c "print(round($1 / $2, 3))" 2>/dev/null || echo nan; }
-median() { $PY -c "import statistics, sys; print(statistics.median(map(float, sys.argv[1:])))" "$@" 2>/dev/null || echo nan; }
-
+train_bench() { bench "$OUT/training.txt" --amp --batch-size 64 "$@"; }
 if wanted training; then
     ratios=()
     per_gradient_ratios=()
     ddp_ratios=()
     for round in $(seq "$ROUNDS"); do
-        plain=$(bench --plain)
-        engine=$(HOROVOD_ELASTIC=1 bench)
-        per_gradient=$(HOROVOD_ELASTIC=1 HVDTRAIN_SEGMENT_BYTES=0 bench)
-        ddp=$(bench --ddp)
+        plain=$(train_bench --plain)
+        engine=$(HOROVOD_ELASTIC=1 train_bench)
+        per_gradient=$(HOROVOD_ELASTIC=1 HVDTRAIN_SEGMENT_BYTES=0 train_bench)
+        ddp=$(train_bench --ddp)
         echo "round $round: plain $plain img/s, hvdtrain $engine img/s, hvdtrain per gradient $per_gradient img/s," \
             "DDP $ddp img/s" | tee -a "$OUT/training.txt"
         ratios+=("$(ratio "$engine" "$plain")")

@@ -16,7 +16,8 @@ a step returns once its work is queued, so the device is synchronised before eve
 --ddp runs the PyTorch loop with torch.nn.parallel.DistributedDataParallel (NCCL on a GPU, gloo on
 the CPU), its ranks and rendezvous taken from mpirun's environment, for a side-by-side figure. --plain runs the
 loop without hvdtrain at all. --amp trains under fp16 autocast with a GradScaler, in Horovod's
-pattern (synchronize, unscale, step with skip_synchronize). --profile DIR runs a few more steps
+pattern (synchronize, unscale, step with skip_synchronize); --bf16 and --channels-last train as the recipes'
+train.autocast=bf16 and train.channels_last=true do. --profile DIR runs a few more steps
 under torch.profiler after the timed ones and writes, per rank, a Chrome trace (Perfetto opens it)
 and a table of the operators' host time, and prints how much of that time the GPU was busy: the
 host-side gaps that keep a GPU waiting are what hvdtrain's per-step work could cause. In a job
@@ -55,12 +56,19 @@ def parse_args():
     parser.add_argument("--plain", action="store_true", default=False, help="a plain PyTorch loop, no hvdtrain")
     parser.add_argument("--amp", action="store_true", default=False,
                         help="fp16 autocast with a GradScaler (PyTorch on a GPU)")
+    parser.add_argument("--bf16", action="store_true", default=False,
+                        help="bf16 autocast, no GradScaler (PyTorch on a GPU), as train.autocast=bf16")
+    parser.add_argument("--channels-last", action="store_true", default=False,
+                        help="the model and its batch in channels_last (PyTorch), as train.channels_last=true")
     parser.add_argument("--profile", metavar="DIR", help="after the benchmark, profile a few steps into DIR")
     parser.add_argument("--profile-steps", type=int, default=5, help="steps under the profiler")
     args = parser.parse_args()
-    if (args.ddp or args.plain or args.amp or args.profile) and args.framework != "torch":
-        parser.error("--ddp, --plain, --amp and --profile are options of the PyTorch loop: they go with "
-                     "--framework torch")
+    if (args.ddp or args.plain or args.amp or args.bf16 or args.channels_last or args.profile) \
+            and args.framework != "torch":
+        parser.error("--ddp, --plain, --amp, --bf16, --channels-last and --profile are options of the PyTorch "
+                     "loop: they go with --framework torch")
+    if args.amp and args.bf16:
+        parser.error("--amp (fp16) and --bf16 are two autocast dtypes: give one")
     args.image_size = 299 if args.model == "inception_v3" else 224
     return args
 
@@ -151,24 +159,26 @@ def torch_job(args):
     model = getattr(torchvision.models, args.model)()
     if cuda:
         model.cuda()
+    layout = torch.channels_last if args.channels_last else torch.contiguous_format
+    model = model.to(memory_format=layout)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     if args.plain:
         rank, size = 0, 1
     else:
         distribute = _distributed_data_parallel if args.ddp else _hvdtrain_torch
         rank, size, model, optimizer = distribute(model, optimizer, args)
-    amp = args.amp and cuda
-    scaler = torch.amp.GradScaler("cuda", enabled=amp)
+    autocast = (args.amp or args.bf16) and cuda
+    scaler = torch.amp.GradScaler("cuda", enabled=args.amp and cuda)  # bf16 needs no loss scaling
     synchronizes = hasattr(optimizer, "skip_synchronize")
 
-    data = torch.randn(args.batch_size, 3, args.image_size, args.image_size)
+    data = torch.randn(args.batch_size, 3, args.image_size, args.image_size).contiguous(memory_format=layout)
     target = torch.randint(0, NUM_CLASSES, (args.batch_size,))
     if cuda:
         data, target = data.cuda(), target.cuda()
 
     def step():
         optimizer.zero_grad()
-        with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
+        with torch.autocast("cuda", dtype=torch.bfloat16 if args.bf16 else torch.float16, enabled=autocast):
             output = model(data)
             if isinstance(output, tuple) or hasattr(output, "logits"):  # inception's auxiliary output
                 output = output[0]

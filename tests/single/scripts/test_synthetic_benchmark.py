@@ -5,6 +5,8 @@ import queue
 import threading
 import time
 
+import pytest
+
 from support.scripts import load_script
 
 
@@ -38,3 +40,12 @@ def test_the_profile_counts_overlapping_device_work_once_over_the_whole_trace():
               event("gpu_memset", 50, 60), {"ph": "i", "cat": "kernel", "ts": 70}, event("cuda_runtime", 90, 95)]
     assert synthetic.device_busy_fraction(events) == 0.4
     assert synthetic.device_busy_fraction([event("cpu_op", 0, 100)]) is None
+
+
+def test_the_synthetic_benchmark_refuses_two_autocast_dtypes(monkeypatch, capsys):
+    synthetic = load_script("synthetic_benchmark")
+    monkeypatch.setattr("sys.argv", ["synthetic_benchmark.py", "--amp", "--bf16"])
+    with pytest.raises(SystemExit) as refused:
+        synthetic.parse_args()
+    assert refused.value.code == 2
+    assert "--amp (fp16) and --bf16 are two autocast dtypes: give one" in capsys.readouterr().err
