@@ -21,8 +21,10 @@
 #             with hvdtrain's gradients in segments (the default) and one by one
 #             (HVDTRAIN_SEGMENT_BYTES=0, as before segments);
 #   allreduce the engine against one raw NCCL allreduce of ResNet-101's gradient bucket;
-#   overhead  what the optimizer costs the training thread a step, on 320 small gradients
-#             (scripts/bench_optimizer_overhead.py --device cuda, seconds);
+#   overhead  what the optimizer costs the training thread a step, the plain loop's steps and
+#             hvdtrain's in turn in one process (scripts/bench_optimizer_overhead.py --device cuda):
+#             on 320 small gradients, and on ResNet-50 in bf16 at batch 64, where the ratio is the
+#             training part's without what differs from one process to the next (a minute);
 #   profile   a few steps of each loop under torch.profiler: traces, operator tables and how much
 #             of the time the GPU was busy, to study offline where hvdtrain's steps lose time.
 # Writes summary.md and the raw outputs under $OUT (default studies/gpu_check/DATE), and prints the
@@ -236,12 +238,16 @@ if wanted allreduce; then
 fi
 
 if wanted overhead; then
-    if $PY scripts/bench_optimizer_overhead.py --device cuda > "$OUT/overhead.txt" 2>&1; then
-        say "optimizer overhead on the training thread: $(tail -1 "$OUT/overhead.txt")"
-    else
-        failed=1
-        say "bench_optimizer_overhead --device cuda failed: $(tail -3 "$OUT/overhead.txt")"
-    fi
+    for model in "" resnet50; do
+        log="$OUT/overhead${model:+-$model}.txt"
+        if $PY scripts/bench_optimizer_overhead.py --device cuda ${model:+--model $model --batch-size 64} > "$log" 2>&1
+        then
+            say "optimizer overhead on the training thread, plain and hvdtrain in turn in one process: $(tail -1 "$log")"
+        else
+            failed=1
+            say "bench_optimizer_overhead --device cuda ${model:+--model $model} failed: $(tail -3 "$log")"
+        fi
+    done
 fi
 
 if wanted profile; then
