@@ -134,13 +134,18 @@ def _mpi_args(extra_mpi_args, prefix_output_with_timestamp):
 
 def _task_slots(context):
     """Spark's task slots now, as the elastic loop's hosts: one entry, as Spark, not the loop,
-    chooses where a barrier stage's tasks run. The slots are the tasks the executors there are now
-    can run at once, as Spark counts them for a barrier stage (maxNumConcurrentTasks of the default
-    resource profile, which divides their cores by spark.task.cpus; in Spark's API, not PySpark's);
-    not the default parallelism, which a user may set by hand and which never falls below 2."""
-    spark = context._jsc.sc()
-    slots = spark.maxNumConcurrentTasks(spark.resourceProfileManager().defaultResourceProfile())
+    chooses where a barrier stage's tasks run."""
+    slots = _concurrent_tasks(context)
     return [Host("executors", slots)] if slots else []
+
+
+def _concurrent_tasks(context):
+    """The tasks the executors there are now can run at once, as Spark counts them for a barrier
+    stage (maxNumConcurrentTasks of the default resource profile, which divides their cores by
+    spark.task.cpus; in Spark's API, not PySpark's); not the default parallelism, which a user may
+    set by hand and which never falls below 2."""
+    spark = context._jsc.sc()
+    return spark.maxNumConcurrentTasks(spark.resourceProfileManager().defaultResourceProfile())
 
 
 class _Start:
@@ -239,8 +244,8 @@ def _registrations(service, job, num_proc, start_timeout):
             if time.monotonic() >= deadline:
                 job.cancel()
                 raise TimeoutError(f"{job.caller}: {len(tasks)} of num_proc={num_proc} tasks started within "
-                                   f"start_timeout={start_timeout:g} s; the Spark context's default parallelism is "
-                                   f"{job.context.defaultParallelism}") from None
+                                   f"start_timeout={start_timeout:g} s; Spark's executors can run "
+                                   f"{_concurrent_tasks(job.context)} tasks at once now") from None
     return tasks
 
 

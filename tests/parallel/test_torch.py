@@ -490,7 +490,8 @@ def ranks_that_disagree_about_a_shape_all_fail_and_the_engine_goes_on():
 
 
 COLLECTIVES = [allreduce_is_exact_for_every_dtype_shape_and_op, product_and_scale_factors_are_exact,
-               allreduce_leaves_its_input_and_allreduce_async__reduces_in_place, an_async_allreduce_is_polled_until_done,
+               allreduce_leaves_its_input_and_allreduce_async__reduces_in_place,
+               an_async_allreduce_is_polled_until_done,
                a_non_contiguous_input_is_reduced_out_of_place_and_refused_in_place,
                the_deprecated_average_argument_warns_and_may_not_be_given_with_op,
                fp16_compression_keeps_the_dtype_and_exactly_representable_values,
