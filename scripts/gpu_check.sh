@@ -23,10 +23,14 @@
 #   allreduce the engine against one raw NCCL allreduce of ResNet-101's gradient bucket;
 #   overhead  what the optimizer costs the training thread a step, the plain loop's steps and
 #             hvdtrain's in turn in one process (scripts/bench_optimizer_overhead.py --device cuda):
-#             on 320 small gradients, and on ResNet-50 in bf16 at batch 64, where the ratio is the
-#             training part's without what differs from one process to the next (a minute);
+#             on 320 small gradients, and on ResNet-50 with AMP at batch 64 beside DDP's steps too,
+#             where the ratios are the training part's without what differs from one process to
+#             the next (a minute or two);
 #   profile   a few steps of each loop under torch.profiler: traces, operator tables and how much
-#             of the time the GPU was busy, to study offline where hvdtrain's steps lose time.
+#             of the time the GPU was busy, to study offline where hvdtrain's steps lose time;
+#   hostprofile  where the host's threads spend their time, sampled by py-spy (waiting included):
+#             one small allreduce's round trip through the engine against NCCL's own
+#             (scripts/bench_round_trip.py), and training steps of the plain loop and of hvdtrain.
 # Writes summary.md and the raw outputs under $OUT (default studies/gpu_check/DATE), and prints the
 # summary; the generated images and the run directories stay out of it, under $SCRATCH.
 #
@@ -43,7 +47,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-studies/gpu_check/$(date -u +%F)}
 SCRATCH=${SCRATCH:-${TMPDIR:-/tmp}/hvdtrain-gpu-check}
 ROUNDS=${ROUNDS:-3}
-PARTS=${PARTS:-tests recipe decode training allreduce overhead profile}
+PARTS=${PARTS:-tests recipe decode training allreduce overhead profile hostprofile}
 mkdir -p "$OUT" "$SCRATCH"
 if [ -f .venv/.installed-stamp ]; then
     PY=.venv/bin/python
@@ -58,7 +62,7 @@ elif [ -d gpu_wheels ] && python3 -c "import torch, torchvision, cupy, mpi4py" 2
     # hvdtrain and ANTLR's runtime (an sdist) are built here, by setuptools
     $PY -c "import setuptools" 2>/dev/null || $PY -m pip install "${wheels[@]}" setuptools || exit 1
     $PY -c "import yaml" 2>/dev/null || $PY -m pip install "${wheels[@]}" PyYAML || exit 1
-    $PY -m pip install "${wheels[@]}" hydra-core omegaconf antlr4-python3-runtime mnist1d || exit 1
+    $PY -m pip install "${wheels[@]}" hydra-core omegaconf antlr4-python3-runtime mnist1d py-spy || exit 1
     # Without an MPI of the machine's own: Open MPI's wheel, and mpi4py's, which loads the MPI
     # library it finds (the image's own mpi4py may have been built for another)
     if ! command -v mpirun >/dev/null; then
@@ -240,9 +244,10 @@ fi
 if wanted overhead; then
     for model in "" resnet50; do
         log="$OUT/overhead${model:+-$model}.txt"
-        if $PY scripts/bench_optimizer_overhead.py --device cuda ${model:+--model $model --batch-size 64} > "$log" 2>&1
+        if $PY scripts/bench_optimizer_overhead.py --device cuda ${model:+--model $model --batch-size 64 --amp --ddp} \
+            > "$log" 2>&1
         then
-            say "optimizer overhead on the training thread, plain and hvdtrain in turn in one process: $(tail -1 "$log")"
+            say "optimizer overhead on the training thread, the loops in turn in one process: $(tail -1 "$log")"
         else
             failed=1
             say "bench_optimizer_overhead --device cuda ${model:+--model $model} failed: $(tail -3 "$log")"
@@ -258,6 +263,45 @@ if wanted profile; then
             > "$OUT/profile-$loop.txt" 2>&1 || failed=1
         say "profile, $loop: $(grep -E "^Profile of" "$OUT/profile-$loop.txt" || tail -1 "$OUT/profile-$loop.txt")"
     done
+fi
+
+# spy NAME COMMAND...: py-spy's samples of COMMAND's threads, 500 a second without pausing it, waiting
+# included, in $OUT/hostprofile-NAME.raw, COMMAND's output in -NAME.log, a summary of the samples
+# taken within the function $WITHIN in -NAME.txt. py-spy exits 0 whatever COMMAND does: COMMAND
+# succeeded where its output holds $EXPECT.
+spy() {
+    local name=$1
+    shift
+    py-spy record --idle --threads --nonblocking --rate 500 --format raw -o "$OUT/hostprofile-$name.raw" -- "$@" \
+        > "$OUT/hostprofile-$name.log" 2>&1
+    grep -q -- "$EXPECT" "$OUT/hostprofile-$name.log" \
+        && $PY scripts/py_spy_summary.py "$OUT/hostprofile-$name.raw" --within "$WITHIN" > "$OUT/hostprofile-$name.txt"
+}
+if wanted hostprofile; then
+    if ! command -v py-spy > /dev/null; then
+        failed=1
+        say "hostprofile: py-spy is not installed (make gpu-wheels carries its wheel)"
+    else
+        if EXPECT='"extra_us"' WITHIN=median_round_trip spy round-trip $PY scripts/bench_round_trip.py --device cuda \
+            --rounds 3 --count 2000; then
+            say "host profile, one small allreduce's round trip: $(grep '"extra_us"' "$OUT/hostprofile-round-trip.log") \
+(its threads' time: hostprofile-round-trip.txt)"
+        else
+            failed=1
+            say "hostprofile: bench_round_trip --device cuda failed: $(tail -3 "$OUT/hostprofile-round-trip.log")"
+        fi
+        for loop in plain hvdtrain; do
+            if [ $loop = plain ]; then flags=(--plain); else flags=(); fi
+            if HOROVOD_ELASTIC=1 EXPECT="^Img/sec" WITHIN=timed_steps spy "training-$loop" $PY \
+                scripts/synthetic_benchmark.py --model resnet50 --amp --batch-size 64 --num-iters 10 "${flags[@]}"; then
+                say "host profile, training, $loop: $(grep -E "^Img/sec" "$OUT/hostprofile-training-$loop.log") \
+(its threads' time: hostprofile-training-$loop.txt)"
+            else
+                failed=1
+                say "hostprofile: training $loop failed: $(tail -3 "$OUT/hostprofile-training-$loop.log")"
+            fi
+        done
+    fi
 fi
 
 echo

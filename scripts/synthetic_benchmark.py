@@ -169,7 +169,6 @@ def torch_job(args):
         rank, size, model, optimizer = distribute(model, optimizer, args)
     autocast = (args.amp or args.bf16) and cuda
     scaler = torch.amp.GradScaler("cuda", enabled=args.amp and cuda)  # bf16 needs no loss scaling
-    synchronizes = hasattr(optimizer, "skip_synchronize")
 
     data = torch.randn(args.batch_size, 3, args.image_size, args.image_size).contiguous(memory_format=layout)
     target = torch.randint(0, NUM_CLASSES, (args.batch_size,))
@@ -183,17 +182,24 @@ def torch_job(args):
             if isinstance(output, tuple) or hasattr(output, "logits"):  # inception's auxiliary output
                 output = output[0]
             loss = F.cross_entropy(output, target)
-        scaler.scale(loss).backward()
-        if synchronizes:  # Horovod's AMP pattern: unscale the averaged gradients
-            optimizer.synchronize()
-            scaler.unscale_(optimizer)
-            with optimizer.skip_synchronize():
-                scaler.step(optimizer)
-        else:
-            scaler.step(optimizer)
-        scaler.update()
+        backward_and_step(loss, optimizer, scaler)
 
     return Job(rank, size, "GPU" if cuda else "CPU", step, torch.cuda.synchronize if cuda else _nothing_to_wait_for)
+
+
+def backward_and_step(loss, optimizer, scaler):
+    """Backward from `loss` and the optimizer's step through `scaler`, a GradScaler (a disabled one
+    steps plainly), in Horovod's AMP pattern where the optimizer is hvdtrain's: the averaged
+    gradients are unscaled, then stepped without synchronizing again."""
+    scaler.scale(loss).backward()
+    if scaler.is_enabled() and hasattr(optimizer, "skip_synchronize"):
+        optimizer.synchronize()
+        scaler.unscale_(optimizer)
+        with optimizer.skip_synchronize():
+            scaler.step(optimizer)
+    else:
+        scaler.step(optimizer)
+    scaler.update()
 
 
 def _hvdtrain_torch(model, optimizer, args):
