@@ -21,13 +21,25 @@ import json
 import statistics
 import sys
 import time
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
 
 import numpy as np
 
 
+@dataclass
+class Transport:
+    """One rank's array and the two ways of reducing it in place: `raw`, the transport's own call,
+    and `engine`, through hvdtrain.core; on a GPU, `stream`, the caller's stream both run on."""
+    array: Any
+    raw: Callable[[], None]
+    engine: Callable[[], None]
+    read_back: Callable[[], np.ndarray]
+    stream: Optional[Any] = None
+    close: Callable[[], None] = lambda: None
+
+
 def transport(device, elements):
-    """(the array, a function that reduces it in place with the transport alone, a function that
-    reduces it through the engine, the stream to run on or None, a function that reads it back)."""
     from mpi4py import MPI
 
     from hvdtrain import core
@@ -35,9 +47,9 @@ def transport(device, elements):
     comm = MPI.COMM_WORLD
     if device == "cpu":
         array = np.empty(elements, np.float32)
-        return (array, lambda: comm.Allreduce(MPI.IN_PLACE, array, MPI.SUM),
-                lambda: core.allreduce_async(array, name="round_trip", op=core.ReduceOp.SUM).wait(), None,
-                lambda: array)
+        return Transport(array, lambda: comm.Allreduce(MPI.IN_PLACE, array, MPI.SUM),
+                         lambda: core.allreduce_async(array, name="round_trip", op=core.ReduceOp.SUM).wait(),
+                         lambda: array)
     import cupy
     from cupy.cuda import nccl
 
@@ -56,11 +68,12 @@ def transport(device, elements):
         core.allreduce_async(array, name="round_trip", op=core.ReduceOp.SUM, stream=stream.ptr).wait(stream.ptr)
         stream.synchronize()
 
-    return array, raw, engine, stream, array.get
+    return Transport(array, raw, engine, array.get, stream, communicator.destroy)
 
 
-def median_round_trip(run, array, stream, read_back, count, what):
-    """The median time of `count` round trips of `run`, each on freshly set inputs and checked."""
+def median_round_trip(run, reduced, count, what):
+    """The median time of `count` round trips of `run` on `reduced` (a Transport), each on freshly
+    set inputs and checked."""
     from mpi4py import MPI
 
     from hvdtrain import core
@@ -69,17 +82,17 @@ def median_round_trip(run, array, stream, read_back, count, what):
     expected = size * (size + 1) / 2
     times = []
     for _ in range(count):
-        if stream is None:
-            array.fill(rank + 1)
+        if reduced.stream is None:
+            reduced.array.fill(rank + 1)
         else:
-            with stream:
-                array.fill(rank + 1)
-            stream.synchronize()
+            with reduced.stream:
+                reduced.array.fill(rank + 1)
+            reduced.stream.synchronize()
         MPI.COMM_WORLD.Barrier()
         started = time.perf_counter()
         run()
         times.append(time.perf_counter() - started)
-        result = read_back()
+        result = reduced.read_back()
         if not (result == expected).all():
             wrong = int(np.argmax(result != expected))
             print(f"bench_round_trip: {what}: wrong result on rank {rank} at element {wrong}: {float(result[wrong])}, "
@@ -98,14 +111,15 @@ def main():
     from hvdtrain import core
 
     core.init()
-    array, raw, engine, stream, read_back = transport(args.device, args.elements)
+    reduced = transport(args.device, args.elements)
     rounds = []
     for index in range(args.rounds):
-        raw_s = median_round_trip(raw, array, stream, read_back, args.count, "raw")
-        engine_s = median_round_trip(engine, array, stream, read_back, args.count, "engine")
+        raw_s = median_round_trip(reduced.raw, reduced, args.count, "raw")
+        engine_s = median_round_trip(reduced.engine, reduced, args.count, "engine")
         rounds.append((raw_s, engine_s))
         if core.rank() == 0:
             print(f"round {index + 1}: raw {raw_s * 1e6:.1f} us, engine {engine_s * 1e6:.1f} us", flush=True)
+    reduced.close()
     if core.rank() == 0:
         print(json.dumps({
             "device": args.device, "ranks": core.size(), "elements": args.elements, "rounds": args.rounds,

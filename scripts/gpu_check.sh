@@ -29,7 +29,7 @@
 #   profile   a few steps of each loop under torch.profiler: traces, operator tables and how much
 #             of the time the GPU was busy, to study offline where hvdtrain's steps lose time;
 #   hostprofile  where the host's threads spend their time, sampled by py-spy (waiting included):
-#             one small allreduce's round trip through the engine against NCCL's own
+#             one 1 MiB allreduce's round trip through the engine against NCCL's own
 #             (scripts/bench_round_trip.py), and training steps of the plain loop and of hvdtrain.
 # Writes summary.md and the raw outputs under $OUT (default studies/gpu_check/DATE), and prints the
 # summary; the generated images and the run directories stay out of it, under $SCRATCH.
@@ -282,9 +282,10 @@ if wanted hostprofile; then
         failed=1
         say "hostprofile: py-spy is not installed (make gpu-wheels carries its wheel)"
     else
+        # 1 MiB: above HVDTRAIN_PACK_BELOW_BYTES, so reduced where it lies, as a gradient segment is
         if EXPECT='"extra_us"' WITHIN=median_round_trip spy round-trip $PY scripts/bench_round_trip.py --device cuda \
-            --rounds 3 --count 2000; then
-            say "host profile, one small allreduce's round trip: $(grep '"extra_us"' "$OUT/hostprofile-round-trip.log") \
+            --elements 262144 --rounds 3 --count 2000; then
+            say "host profile, one 1 MiB allreduce's round trip: $(grep '"extra_us"' "$OUT/hostprofile-round-trip.log") \
 (its threads' time: hostprofile-round-trip.txt)"
         else
             failed=1
