@@ -4,12 +4,14 @@ scripts/py_spy_summary.py sums by thread."""
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 from hvdtrain.launch import mpirun as launcher
 
+from support.devices import FAKE_CUPY
 from support.scripts import SCRIPTS, load_script
 
 SCRIPT = SCRIPTS / "bench_round_trip.py"
@@ -25,6 +27,20 @@ def test_two_ranks_time_the_raw_call_and_the_engine_on_checked_results():
     report = json.loads(result.stdout.splitlines()[-1])
     assert (report["device"], report["ranks"], report["elements"], report["rounds"]) == ("cpu", 2, 1024, 2)
     assert report["raw_us"] > 0 and report["engine_us"] > 0
+
+
+def test_the_gpu_path_runs_on_the_stand_in_cupy_at_two_ranks():
+    """--device cuda: CuPy's stream, array and NCCL calls of the script, on the stand-in whose device
+    memory is host memory and whose NCCL moves the bytes with MPI (what a GPU session runs first)."""
+    environment = launcher.worker_environment(2, {**os.environ,
+                                                  "PYTHONPATH": os.pathsep.join(filter(None, [
+                                                      FAKE_CUPY, os.environ.get("PYTHONPATH")]))})
+    program = [sys.executable, "-u", str(SCRIPT), "--device", "cuda", "--rounds", "1", "--count", "20"]
+    result = launcher.run(launcher.mpirun_command(program, num_proc=2, env=environment), env=environment,
+                          timeout=TIMEOUT, capture=True)
+    assert result.returncode == 0, result.stdout
+    report = json.loads(result.stdout.splitlines()[-1])
+    assert (report["device"], report["ranks"]) == ("cuda", 2)
 
 
 def the_bench_whose_engine_loses_the_other_ranks_part():

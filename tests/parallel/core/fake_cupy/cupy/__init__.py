@@ -52,6 +52,9 @@ class ndarray:
     def set(self, host):
         self._host[...] = host
 
+    def fill(self, value):
+        self._host.fill(value)
+
     def get(self):
         return self._host.copy()
 

@@ -46,6 +46,9 @@ class Device:
     def __exit__(self, *exc):
         runtime.setDevice(self._previous)
 
+    def use(self):
+        runtime.setDevice(self.id)
+
 
 def alloc_pinned_memory(nbytes):
     return bytearray(nbytes)

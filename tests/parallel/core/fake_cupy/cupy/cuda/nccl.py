@@ -9,6 +9,7 @@ import numpy as np
 
 available = True
 NCCL_SUM, NCCL_PROD, NCCL_MAX, NCCL_MIN, NCCL_AVG = range(5)
+NCCL_FLOAT32 = 7
 _TYPES = {0: np.int8, 1: np.uint8, 2: np.int32, 3: np.uint32, 4: np.int64, 5: np.uint64, 6: np.float16,
           7: np.float32, 8: np.float64}
 _group = None  # calls deferred until groupEnd, or None outside a group
