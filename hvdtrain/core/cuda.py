@@ -9,9 +9,11 @@ GPU only where the caller reads a result on the CPU.
 """
 
 import collections
+import contextlib
 import functools
 import importlib.util
 import re
+import sys
 
 from .exceptions import HorovodInternalError
 
@@ -56,6 +58,26 @@ def nccl():
 def installed():
     """Whether CuPy is installed, without importing it."""
     return importlib.util.find_spec("cupy") is not None
+
+
+def imported():
+    """Whether this process has imported CuPy (a device buffer or a GPU question came up)."""
+    return "cupy" in sys.modules
+
+
+@contextlib.contextmanager
+def thread_state_kept(device):
+    """Keep the calling thread's current CUDA device and CuPy's current stream on `device` as
+    they were: device backends set both for their own stream (nccl_backend._DeviceStream.enter),
+    which must not leak into a caller whose thread runs an engine cycle (Engine.hurry)."""
+    cp = cupy()
+    previous_device = cp.cuda.runtime.getDevice()
+    previous_stream = cp.cuda.get_current_stream(device)
+    try:
+        yield
+    finally:
+        previous_stream.use()
+        cp.cuda.runtime.setDevice(previous_device)
 
 
 def cuda_built():

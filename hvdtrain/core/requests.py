@@ -108,7 +108,7 @@ class Handle:
         # No lock yet: one is made only when a caller blocks. Training submits hundreds of
         # handles a step and finds most of them finished by the time it waits.
         self.name = name
-        self._hurry = hurry  # called when a caller blocks on this handle (Engine.hurry)
+        self._hurry = hurry  # called with this handle when a caller blocks on it (Engine.hurry)
         self._done = False
         self._result = None
         self._error = None
@@ -124,7 +124,7 @@ class Handle:
         gives one (default: CuPy's current stream)."""
         if not self._done:
             if self._hurry is not None:
-                self._hurry()
+                self._hurry(self)
             with _WAITER_CREATION:
                 waiter = self._waiter
                 if waiter is None:

@@ -107,6 +107,28 @@ def ranks_ordering():
     print(f"rank {r} ordering ok")
 
 
+def caller_cuda_state_kept():
+    """At world size 1 a caller blocked on a result runs the engine's cycle on its own thread
+    (Engine.hurry), whose device backend sets the CUDA device and CuPy's current stream for its
+    own stream: the caller's must stay as they were, and the result right."""
+    import cupy
+
+    from hvdtrain import core
+
+    core.init()
+    cupy.cuda.Device(0).use()
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        array = cupy.ones(4, cupy.float32)
+        for name in ("first", "second", "third"):  # the first makes the device backend
+            core.allreduce_async(array, op=core.ReduceOp.SUM, name=name).wait()
+            assert cupy.cuda.get_current_stream().ptr == stream.ptr, f"{name}: CuPy's current stream changed"
+            assert cupy.cuda.runtime.getDevice() == 0, f"{name}: the current device changed"
+        assert array.get().tolist() == [1.0] * 4
+    core.shutdown()
+    print("rank 0 cuda state ok")
+
+
 def ranks_adasum():
     """Adasum of CUDA tensors goes through host memory: over all ranks where the allreduce runs on
     MPI, averaged within the host (all ranks here) where it runs on NCCL, as in Horovod; the
@@ -153,6 +175,10 @@ def test_collectives_through_nccl_on_one_gpu(alone):
 def test_collectives_of_ranks_sharing_a_gpu(mpirun, num_proc, way):
     result = mpirun(num_proc, ranks_collectives, timeout=400, env=SHARED_GPU[way])
     assert all(f"rank {r} collectives ok" in result.stdout for r in range(num_proc)), result.stdout
+
+
+def test_a_cycle_run_on_the_callers_thread_leaves_its_stream_and_device(alone):
+    assert "rank 0 cuda state ok" in alone(caller_cuda_state_kept).stdout
 
 
 def test_a_kernel_still_running_on_the_callers_stream_is_waited_for_alone(alone):

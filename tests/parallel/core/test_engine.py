@@ -8,6 +8,7 @@ and restarts, with static and dynamic process sets, leave an engine that gives e
 
 import json
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -449,3 +450,66 @@ def init_starts_mpi_where_mpi4py_was_told_not_to():
 def test_init_starts_mpi_where_mpi4py_was_told_not_to(ranks):
     ranks.run(2, [init_starts_mpi_where_mpi4py_was_told_not_to]).assert_passed(
         init_starts_mpi_where_mpi4py_was_told_not_to)
+
+
+def _threads_finishing(name):
+    """The names of the threads that finish the collectives named `name` from now on."""
+    from hvdtrain.core.engine import Engine
+
+    threads = []
+    finish_all = Engine._finish_all
+
+    def recording(self, entries, *args, **kwargs):
+        if any(entry.request.name == name for entry in entries):
+            threads.append(threading.current_thread().name)
+        return finish_all(self, entries, *args, **kwargs)
+
+    Engine._finish_all = recording
+    return threads
+
+
+def a_caller_waiting_alone_runs_the_cycle_itself_and_with_peers_leaves_it_to_the_engine():
+    """HOROVOD_CYCLE_TIME=500 keeps the engine's thread waiting for more tensors, so that a caller
+    blocked on a result finds it between cycles: alone, the caller runs the cycle on its own
+    thread (Engine.hurry); with other ranks, the engine's thread does."""
+    threads = _threads_finishing("waited for")
+    core.init()
+    n = core.size()
+    core.allreduce_async(np.ones(4), name="warm-up").wait()
+    for _ in range(3):
+        assert core.allreduce_async(np.ones(4), op=ReduceOp.SUM, name="waited for").wait().tolist() == [n] * 4
+    core.shutdown()
+    assert threads == ["MainThread" if n == 1 else "hvdtrain-engine"] * 3, threads
+
+
+def a_cycle_on_the_callers_thread_leaves_its_cuda_device_as_it_was():
+    """On the stand-in CuPy with two GPUs: a caller whose current device is the other GPU waits on
+    a collective of GPU 0's buffers, which its own thread runs (the first made the device
+    backend on the engine's thread); its device stays the other GPU."""
+    import os
+
+    from support.devices import fake_gpus
+
+    os.environ["FAKE_GPUS"] = "2"
+    threads = _threads_finishing("on gpu 0")
+    with fake_gpus("NCCL") as cupy:
+        array = cupy.asarray(np.ones(4, np.float32))  # on GPU 0, the current device
+        core.allreduce_async(array, op=ReduceOp.SUM, name="first").wait()
+        cupy.cuda.runtime.setDevice(1)
+        core.allreduce_async(array, op=ReduceOp.SUM, name="on gpu 0").wait()
+        assert cupy.cuda.runtime.getDevice() == 1
+        assert array.get().tolist() == [1.0] * 4
+    assert threads == ["MainThread"], threads
+
+
+def test_a_caller_waiting_alone_runs_the_cycle_itself(ranks):
+    checks = [a_caller_waiting_alone_runs_the_cycle_itself_and_with_peers_leaves_it_to_the_engine,
+              a_cycle_on_the_callers_thread_leaves_its_cuda_device_as_it_was]
+    job = ranks.alone(checks, env={"HOROVOD_CYCLE_TIME": "500"})
+    for check in checks:
+        job.assert_passed(check)
+
+
+def test_with_peers_the_engines_thread_runs_every_cycle(ranks):
+    check = a_caller_waiting_alone_runs_the_cycle_itself_and_with_peers_leaves_it_to_the_engine
+    ranks.run(2, [check], env={"HOROVOD_CYCLE_TIME": "500"}).assert_passed(check)
