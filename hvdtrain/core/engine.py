@@ -12,6 +12,7 @@ refused on the caller's thread (submission.py). Every cycle (HOROVOD_CYCLE_TIME)
 """
 
 import collections
+import ctypes
 import itertools
 import logging
 import math
@@ -56,6 +57,25 @@ def _set_bits(bits):
         low = bits & -bits
         yield low.bit_length() - 1
         bits ^= low
+
+
+ENGINE_TIMER_SLACK_NS = 1000
+PR_SET_TIMERSLACK = 29  # prctl(2)
+
+
+def _precise_timed_waits():
+    """Let the calling thread's timed waits end within 1 us of their time. Linux lets them end up
+    to the thread's timer slack late, 50 us by default, which spaced the polls of the ranks'
+    agreement (_exchange: sleeps from 20 us) 90 to 170 us apart; with 1 us a small allreduce's
+    round trip at 2 ranks took 212-229 us instead of 328-336 (measured on 2 cores, where
+    ResNet-18's training at 2 ranks ran as fast as before). Elsewhere than on Linux the waits stay
+    as they are."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(None).prctl(PR_SET_TIMERSLACK, ENGINE_TIMER_SLACK_NS, 0, 0, 0)
+    except (OSError, AttributeError):  # no prctl in this C library: the default slack stays
+        pass
 
 
 def engine_core(affinity, local_rank, local_size):
@@ -301,6 +321,7 @@ class Engine:
         wait = cycle_time
         if self.core is not None:
             os.sched_setaffinity(0, {self.core})  # on Linux, 0 is the calling thread
+        _precise_timed_waits()
         try:
             while True:
                 started = time.perf_counter()
