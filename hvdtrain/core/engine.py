@@ -136,6 +136,7 @@ class Engine:
 
         # Held by the thread running a cycle: the engine's own, or a caller waiting on a result (hurry)
         self._cycling = threading.Lock()
+        self._caller_cycle = None  # (start, result) of the latest cycle a caller ran, until the engine thread sees it
         self._wake = threading.Event()  # set by submissions: ends an idle engine's wait early
         self._woken_at = 0.0
         self._hurried = threading.Event()  # set by a caller blocked on a handle: ends the wait for more
@@ -264,13 +265,14 @@ class Engine:
         A cycle that may make this rank's first device backend is left to the engine's thread."""
         if self._stopped_error is not None:
             return
+        started = time.perf_counter()
         try:
             if self._device_backends:
                 device = next(iter(self._device_backends.values())).device
                 with cuda.thread_state_kept(device):
-                    self._cycle()
+                    self._caller_cycle = started, self._cycle()
             elif not cuda.imported():  # no device buffer was submitted: no device backend to make
-                self._cycle()
+                self._caller_cycle = started, self._cycle()
         except _DeviceFailure:  # the engine has stopped with the device's error
             pass
         except Exception as exc:
@@ -324,11 +326,20 @@ class Engine:
         _precise_timed_waits()
         try:
             while True:
-                started = time.perf_counter()
+                hurried = self._hurried.is_set()
                 self._hurried.clear()
                 with self._cycling:
-                    # A cycle on a caller's thread may have stopped the engine (hurry)
-                    busy = None if self._stopped_error is not None else self._cycle()
+                    caller_cycle, self._caller_cycle = self._caller_cycle, None
+                    if self._stopped_error is not None:  # by a cycle on a caller's thread (hurry)
+                        busy = None
+                    elif caller_cycle is not None and not hurried:
+                        # A caller ran a cycle since this thread's last: the next is due a cycle
+                        # time after it, as after one of this thread's, so that what was submitted
+                        # since still waits that long for more tensors to fuse.
+                        started, busy = caller_cycle
+                    else:
+                        started = time.perf_counter()
+                        busy = self._cycle()
                 if busy is None:
                     return
                 if busy:

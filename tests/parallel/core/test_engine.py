@@ -468,6 +468,24 @@ def _threads_finishing(name):
     return threads
 
 
+def _until_the_engine_thread_waits():
+    """Return once the engine's thread is blocked in one of its waits between cycles (a loaded
+    machine may start it late, or run its own cycle when a caller arrives)."""
+    import sys
+
+    thread = core.running_engine()._thread
+    deadline = time.monotonic() + SECONDS_TO_FAIL
+    while time.monotonic() < deadline:
+        frame, names = sys._current_frames().get(thread.ident), []
+        while frame is not None and len(names) < 4:
+            names.append(frame.f_code.co_name)
+            frame = frame.f_back
+        if names[:1] == ["wait"] and "_run" in names:
+            return
+        time.sleep(0.001)
+    raise AssertionError(f"the engine thread did not wait within {SECONDS_TO_FAIL} s")
+
+
 def a_caller_waiting_alone_runs_the_cycle_itself_and_with_peers_leaves_it_to_the_engine():
     """HOROVOD_CYCLE_TIME=500 keeps the engine's thread waiting for more tensors, so that a caller
     blocked on a result finds it between cycles: alone, the caller runs the cycle on its own
@@ -477,6 +495,7 @@ def a_caller_waiting_alone_runs_the_cycle_itself_and_with_peers_leaves_it_to_the
     n = core.size()
     core.allreduce_async(np.ones(4), name="warm-up").wait()
     for _ in range(3):
+        _until_the_engine_thread_waits()
         assert core.allreduce_async(np.ones(4), op=ReduceOp.SUM, name="waited for").wait().tolist() == [n] * 4
     core.shutdown()
     assert threads == ["MainThread" if n == 1 else "hvdtrain-engine"] * 3, threads
